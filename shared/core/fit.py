@@ -1,0 +1,277 @@
+"""HAMi's device fit: per-device checks in policy order (d.5) and whole-pod fitting (d.6).
+
+The fit never mutates the snapshot it is given except through `apply_entry`, so callers decide
+which copy receives a container (d.6 fits regular init containers into throw-away copies).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.core import keys
+from shared.core.codec import parse_go_bool, parse_uuid_list
+from shared.core.config import CoreConfig
+from shared.core.model import (
+    ContainerDevice,
+    ContainerEntry,
+    ContainerKind,
+    DeviceUsage,
+    NodeSnapshot,
+)
+from shared.core.policy import (
+    Policy,
+    ScoringWeights,
+    order_devices,
+    parse_policy,
+    parse_scoring_weights,
+)
+from shared.core.quota import QuotaProbe
+from shared.core.requests import ContainerRequest
+
+# HAMi's reason names (pkg/device/common).
+CARD_NOT_HEALTH = "CardNotHealth"
+CARD_CORDONED = "CardCordoned"
+CARD_TYPE_MISMATCH = "CardTypeMismatch"
+NUMA_NOT_FIT = "NumaNotFit"
+CARD_UUID_MISMATCH = "CardUuidMismatch"
+CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
+EXCLUSIVE_CONFLICT = "ExclusiveDeviceAllocateConflict"
+RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
+CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
+CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
+CARD_MIG_INFEASIBLE = "CardMigTopologyInfeasible"
+ALLOCATED_INSUFFICIENT = "AllocatedCardsInsufficientRequest"
+NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+DEVICE_TYPE_NOT_FOUND = "Device type not found"
+ALLOWED_SET_UNMATCHED = "AllowedDeviceSetUnmatched"
+
+PICKED = "picked"
+
+
+@dataclass(frozen=True, slots=True)
+class FitOptions:
+    """Pod-level fit settings, from the pod's annotations and the scheduler config."""
+
+    policy: Policy
+    numa_bind: bool = False
+    use_uuids: frozenset[str] = frozenset()
+    nouse_uuids: frozenset[str] = frozenset()
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    vgpu_mode: str | None = None
+    weights: ScoringWeights = ScoringWeights()
+
+
+def _type_list(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    return tuple(t.strip().lower() for t in text.split(",") if t.strip())
+
+
+def fit_options(annotations: Mapping[str, str], config: CoreConfig) -> FitOptions:
+    """Read the pod's fit settings; raises AnnotationError for invalid scoring weights."""
+    return FitOptions(
+        policy=parse_policy(annotations.get(keys.GPU_POLICY) or config.gpu_scheduler_policy),
+        numa_bind=parse_go_bool(annotations.get(keys.NUMA_BIND, "").strip()) is True,
+        use_uuids=parse_uuid_list(annotations.get(keys.USE_UUID)),
+        nouse_uuids=parse_uuid_list(annotations.get(keys.NOUSE_UUID)),
+        use_types=_type_list(annotations.get(keys.USE_TYPE)),
+        nouse_types=_type_list(annotations.get(keys.NOUSE_TYPE)),
+        vgpu_mode=annotations.get(keys.VGPU_MODE) or None,
+        weights=parse_scoring_weights(annotations.get(keys.SCORING_WEIGHTS)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    """What the fit concluded about one device it walked (for `--explain` and logs)."""
+
+    uuid: str
+    numa: int
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerFit:
+    """The outcome of fitting one container: its devices, or the counted refusal reasons."""
+
+    devices: ContainerEntry
+    reasons: Mapping[str, int]
+    considered: int
+    verdicts: tuple[DeviceVerdict, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.devices) and not self.reasons
+
+    @property
+    def reason_text(self) -> str:
+        return format_reasons(self.reasons, self.considered)
+
+
+def format_reasons(reasons: Mapping[str, int], considered: int) -> str:
+    """HAMi's `"<count>/<considered> <Reason>"` items, sorted and joined by `", "`."""
+    return ", ".join(sorted(f"{count}/{considered} {name}" for name, count in reasons.items()))
+
+
+def _type_mismatch(device: DeviceUsage, request: ContainerRequest, options: FitOptions) -> bool:
+    info = device.info
+    if not info.matches_vendor(request.type):
+        return True
+    model = info.type.lower()
+    if options.use_types and not any(t in model for t in options.use_types):
+        return True
+    if any(t in model for t in options.nouse_types):
+        return True
+    return options.vgpu_mode is not None and info.mode not in options.vgpu_mode
+
+
+def fit_container(
+    node: NodeSnapshot,
+    request: ContainerRequest,
+    options: FitOptions,
+    position: int,
+    pod_rows: Mapping[int, ContainerEntry],
+    quota: QuotaProbe | None = None,
+) -> ContainerFit:
+    """Pick `request.nums` devices for the container at `position`, most preferred first.
+
+    `pod_rows` holds the pod's already-placed containers by position (for the quota probe).
+    """
+    devices = node.devices
+    considered = len(devices)
+    if request.type not in keys.KNOWN_VENDORS:
+        return ContainerFit((), {DEVICE_TYPE_NOT_FOUND: 1}, considered)
+    of_type = sum(1 for d in devices if d.info.matches_vendor(request.type))
+    if request.nums > of_type:
+        return ContainerFit((), {NODE_INSUFFICIENT_DEVICE: 1}, considered)
+
+    cores = min(request.coresreq, 100)
+    reasons: Counter[str] = Counter()
+    verdicts: list[DeviceVerdict] = []
+    taken: list[ContainerDevice] = []
+    run_numa: int | None = None
+    ordered = order_devices(devices, request, options.policy, options.numa_bind, options.weights)
+
+    def refuse(device: DeviceUsage, reason: str) -> None:
+        reasons[reason] += 1
+        verdicts.append(DeviceVerdict(device.info.id, device.info.numa, reason))
+
+    for device in reversed(ordered):
+        info = device.info
+        if not info.health:
+            refuse(device, CARD_NOT_HEALTH)
+            continue
+        if info.id in node.cordoned:
+            refuse(device, CARD_CORDONED)
+            continue
+        if _type_mismatch(device, request, options):
+            refuse(device, CARD_TYPE_MISMATCH)
+            continue
+        if options.numa_bind and info.numa != run_numa:
+            # A new NUMA run starts: picks of the previous run cannot be combined with it.
+            if taken:
+                reasons[NUMA_NOT_FIT] += len(taken)
+                taken = []
+            run_numa = info.numa
+        if (options.use_uuids and info.id not in options.use_uuids) or (
+            info.id in options.nouse_uuids
+        ):
+            refuse(device, CARD_UUID_MISMATCH)
+            continue
+        if device.used >= info.count:
+            refuse(device, CARD_TIME_SLICING_EXHAUSTED)
+            continue
+        if options.policy.mutex and device.used > 0:
+            refuse(device, EXCLUSIVE_CONFLICT)
+            continue
+        memreq = request.mem_on(info.devmem)
+        candidate = ContainerDevice(info.id, request.type, memreq, cores, info.index)
+        if quota is not None:
+            rows = dict(pod_rows)
+            rows[position] = (*taken, candidate)
+            if not quota.fits(rows):
+                refuse(device, RESOURCE_QUOTA_NOT_FIT)
+                continue
+        if info.devmem - device.usedmem < memreq:
+            refuse(device, CARD_INSUFFICIENT_MEMORY)
+            continue
+        if info.devcore - device.usedcores < cores:
+            refuse(device, CARD_INSUFFICIENT_CORE)
+            continue
+        if info.devcore == 100 and cores == 100 and device.used > 0:
+            refuse(device, EXCLUSIVE_CONFLICT)
+            continue
+        if info.devcore != 0 and device.usedcores == info.devcore and cores == 0:
+            refuse(device, CARD_COMPUTE_UNITS_EXHAUSTED)
+            continue
+        if info.mode == "mig":
+            # MIG placement needs the GPU's MIG geometry, which the register does not carry.
+            refuse(device, CARD_MIG_INFEASIBLE)
+            continue
+        taken.append(candidate)
+        verdicts.append(DeviceVerdict(info.id, info.numa, PICKED))
+        if len(taken) == request.nums:
+            return ContainerFit(tuple(taken), {}, considered, tuple(verdicts))
+    if taken:
+        reasons[ALLOCATED_INSUFFICIENT] += len(taken)
+    return ContainerFit((), dict(reasons), considered, tuple(verdicts))
+
+
+def apply_entry(node: NodeSnapshot, entry: ContainerEntry) -> None:
+    """Count a placed container on the snapshot (`Used++`, memory and cores added)."""
+    devices = node.by_uuid()
+    for placed in entry:
+        device = devices[placed.uuid]
+        device.used += 1
+        device.usedmem += placed.usedmem
+        device.usedcores += placed.usedcores
+
+
+@dataclass(frozen=True, slots=True)
+class PodFit:
+    """Whole-pod fit on one node: rows by position and the node's usage afterwards, or the
+    position of the first container that did not fit and why."""
+
+    rows: tuple[ContainerEntry, ...]
+    node: NodeSnapshot | None
+    failed_position: int | None = None
+    failure: ContainerFit | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_position is None
+
+
+def fit_pod(
+    node: NodeSnapshot,
+    requests: Sequence[ContainerRequest | None],
+    kinds: Sequence[ContainerKind],
+    options: FitOptions,
+    quota: QuotaProbe | None = None,
+) -> PodFit:
+    """Reference d.6: sidecars and apps accumulate; each regular init container is fitted into
+    a copy pre-charged with the sidecars declared before it; usage is the per-device peak."""
+    peak = node.copy()
+    app = node.copy()
+    rows: dict[int, ContainerEntry] = {}
+    for position, request in enumerate(requests):
+        if request is None:
+            rows[position] = ()
+            continue
+        kind = kinds[position]
+        target = app.copy() if kind is ContainerKind.INIT else app
+        fit = fit_container(target, request, options, position, rows, quota)
+        if not fit.ok:
+            return PodFit((), None, position, fit)
+        apply_entry(target, fit.devices)
+        rows[position] = fit.devices
+        if kind is not ContainerKind.APP:
+            for top, seen in zip(peak.devices, target.devices, strict=True):
+                top.raise_to(seen)
+    for current, top in zip(app.devices, peak.devices, strict=True):
+        current.raise_to(top)
+    return PodFit(tuple(rows[p] for p in range(len(requests))), app)

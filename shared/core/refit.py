@@ -1,0 +1,460 @@
+"""The NUMA refit decision (reference (f), d.7, e.8): pure, in HAMi's validation order.
+
+Given a refit request, the tracked pods, the node's usage snapshot and the quota ledger, decide
+whether the container's pending reservation can move onto one of kubelet's allowed GPUs, and if
+so produce the new annotation values. Committing them (with the pod's resourceVersion as a
+precondition, within the caller's deadline) is the accounting service's job, not the core's.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core import codec, keys
+from shared.core.accounting import TrackedPod, effective, total
+from shared.core.config import CoreConfig
+from shared.core.errors import AnnotationError, CoreError
+from shared.core.fit import (
+    ALLOWED_SET_UNMATCHED,
+    RESOURCE_QUOTA_NOT_FIT,
+    ContainerFit,
+    fit_container,
+    fit_options,
+)
+from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
+from shared.core.pods import Alignment, parse_alignment
+from shared.core.quota import QuotaLedger, QuotaProbe
+from shared.core.requests import ContainerRequest
+
+
+class RequestShapeError(CoreError):
+    """A refit request is not an object or has a field of the wrong type."""
+
+
+class Code(enum.StrEnum):
+    """DESIGN.md's reply codes."""
+
+    MOVED = "moved"
+    ALREADY_ALIGNED = "already_aligned"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_DEVICE_TYPE = "unknown_device_type"
+    UNSUPPORTED_DEVICE_TYPE = "unsupported_device_type"
+    POD_NOT_TRACKED = "pod_not_tracked"
+    POD_MISMATCH = "pod_mismatch"
+    NODE_MISMATCH = "node_mismatch"
+    CONTAINER_OUT_OF_RANGE = "container_out_of_range"
+    CONTAINER_NAME_MISMATCH = "container_name_mismatch"
+    ANNOTATION_INVALID = "annotation_invalid"
+    NOTHING_PENDING = "nothing_pending"
+    NOTHING_RECORDED = "nothing_recorded"
+    HETEROGENEOUS_RESERVATION = "heterogeneous_reservation"
+    NODE_UNAVAILABLE = "node_unavailable"
+    MIG_UNSUPPORTED = "mig_unsupported"
+    INVALID_SCORING_WEIGHTS = "invalid_scoring_weights"
+    NO_FIT = "no_fit"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    CONFLICT = "conflict"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    API_ERROR = "api_error"
+    UNAUTHORIZED = "unauthorized"
+
+
+@dataclass(frozen=True, slots=True)
+class RefitRequest:
+    """A `numafit.refit.v1.<node>` request body (HAMi's fields plus mode and timeoutMs)."""
+
+    pod_uid: str
+    pod_namespace: str
+    pod_name: str
+    node_name: str
+    container_index: int
+    container_name: str
+    device_type: str
+    allowed_device_uuids: tuple[str, ...]
+    mode: Alignment = Alignment.BEST_EFFORT
+    timeout_ms: int = keys.DEFAULT_REFIT_TIMEOUT_MS
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "podUID": self.pod_uid,
+            "podNamespace": self.pod_namespace,
+            "podName": self.pod_name,
+            "nodeName": self.node_name,
+            "containerIndex": self.container_index,
+            "deviceType": self.device_type,
+            "allowedDeviceUUIDs": list(self.allowed_device_uuids),
+            "mode": self.mode.value,
+            "timeoutMs": self.timeout_ms,
+        }
+        if self.container_name:
+            body["containerName"] = self.container_name
+        return body
+
+
+MAX_TIMEOUT_MS = 60_000
+
+
+def parse_refit_request(body: Any) -> RefitRequest:
+    """Check types strictly; missing strings are empty (refused later as "incomplete"), as a Go
+    decoder would leave them; unknown fields are ignored for forward compatibility."""
+    if not isinstance(body, Mapping):
+        raise RequestShapeError("refit request must be a JSON object")
+
+    def string(key: str) -> str:
+        value = body.get(key, "")
+        if not isinstance(value, str):
+            raise RequestShapeError(f"{key} must be a string")
+        return value
+
+    index = body.get("containerIndex", 0)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise RequestShapeError("containerIndex must be an integer")
+    allowed = body.get("allowedDeviceUUIDs", [])
+    if not isinstance(allowed, list) or not all(isinstance(u, str) for u in allowed):
+        raise RequestShapeError("allowedDeviceUUIDs must be a list of strings")
+    mode_value = body.get("mode", Alignment.BEST_EFFORT.value)
+    if not isinstance(mode_value, str):
+        raise RequestShapeError("mode must be 'best-effort' or 'strict'")
+    try:
+        mode = parse_alignment(mode_value)
+    except AnnotationError as exc:
+        raise RequestShapeError("mode must be 'best-effort' or 'strict'") from exc
+    timeout = body.get("timeoutMs", keys.DEFAULT_REFIT_TIMEOUT_MS)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int)
+        or not 0 < timeout <= MAX_TIMEOUT_MS
+    ):
+        raise RequestShapeError(f"timeoutMs must be an integer in 1..{MAX_TIMEOUT_MS}")
+    return RefitRequest(
+        pod_uid=string("podUID"),
+        pod_namespace=string("podNamespace"),
+        pod_name=string("podName"),
+        node_name=string("nodeName"),
+        container_index=index,
+        container_name=string("containerName"),
+        device_type=string("deviceType"),
+        allowed_device_uuids=tuple(allowed),
+        mode=mode or Alignment.BEST_EFFORT,
+        timeout_ms=timeout,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """The Kubernetes Event a refit outcome records on the pod."""
+
+    type: str  # Normal | Warning
+    reason: str  # NumaRefitSucceed | NumaRefitFailed
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RefitDecision:
+    """The refit's answer. On `moved`, `annotations` holds the two new values to patch and
+    `stored_usage` the pod's new stored (effective) usage per GPU."""
+
+    succeeded: bool
+    code: Code
+    container_devices: ContainerEntry = ()
+    failure_reason: str = ""
+    fit_reasons: Mapping[str, int] = field(default_factory=dict)
+    annotations: Mapping[str, str] | None = None
+    previous_devices: ContainerEntry = ()
+    stored_usage: Mapping[str, Usage] | None = None
+    event: Event | None = None
+    fit: ContainerFit | None = None
+    preloaded: NodeSnapshot | None = None
+    """The restricted, preloaded snapshot the fit ran on (for `--explain`)."""
+
+    def reply(self) -> dict[str, Any]:
+        """The wire reply of DESIGN.md's refit contract."""
+        body: dict[str, Any] = {"succeeded": self.succeeded, "code": self.code.value}
+        if self.succeeded:
+            body["containerDevices"] = codec.encode_container(self.container_devices)
+        else:
+            body["failureReason"] = self.failure_reason
+        if self.fit_reasons:
+            body["fitReasons"] = dict(sorted(self.fit_reasons.items()))
+        return body
+
+
+def refused(code: Code, reason: str, *, event: bool = True, **extra: Any) -> RefitDecision:
+    return RefitDecision(
+        False,
+        code,
+        failure_reason=reason,
+        event=Event("Warning", "NumaRefitFailed", reason) if event else None,
+        **extra,
+    )
+
+
+def _uuids(entry: ContainerEntry) -> str:
+    return "[" + " ".join(d.uuid for d in entry) + "]"
+
+
+def decide_refit(
+    request: RefitRequest,
+    *,
+    pods: Mapping[str, TrackedPod],
+    node: NodeSnapshot | None,
+    quota: QuotaLedger | None = None,
+    config: CoreConfig = CoreConfig(),
+) -> RefitDecision:
+    """Validate and compute one refit, in the order of reference (f).
+
+    `node` is the usage snapshot of `request.node_name` counting every tracked pod (the target
+    pod included), or None when the node is not registered.
+    """
+    # 1-5: the request itself; nothing is known about a pod yet, so no event.
+    if not (request.pod_uid and request.pod_namespace and request.pod_name and request.node_name):
+        return refused(
+            Code.INVALID_REQUEST,
+            "incomplete refit request: podUID, podNamespace, podName and nodeName are required",
+            event=False,
+        )
+    allowed = frozenset(request.allowed_device_uuids)
+    if not allowed:
+        return refused(Code.INVALID_REQUEST, "empty allowed device set", event=False)
+    if len(request.allowed_device_uuids) > keys.MAX_ALLOWED_UUIDS:
+        return refused(
+            Code.INVALID_REQUEST,
+            f"{len(request.allowed_device_uuids)} allowed devices, "
+            f"limit is {keys.MAX_ALLOWED_UUIDS}",
+            event=False,
+        )
+    if request.device_type not in keys.KNOWN_VENDORS:
+        return refused(
+            Code.UNKNOWN_DEVICE_TYPE, f"unknown device type {request.device_type!r}", event=False
+        )
+    if request.device_type != keys.NVIDIA:
+        return refused(
+            Code.UNSUPPORTED_DEVICE_TYPE,
+            f"device type {request.device_type!r} is not supported by the NUMA refit yet",
+            event=False,
+        )
+
+    # 6-7: the pod, by UID (guards against a recreated pod with the same name).
+    tracked = pods.get(request.pod_uid)
+    if tracked is None:
+        return refused(
+            Code.POD_NOT_TRACKED,
+            f"pod {request.pod_uid} is not tracked by the scheduler",
+            event=False,
+        )
+    pod = tracked.pod
+    if (pod.namespace, pod.name) != (request.pod_namespace, request.pod_name):
+        return refused(
+            Code.POD_MISMATCH,
+            f"pod {request.pod_uid} is {pod.key}, which does not match "
+            f"{request.pod_namespace}/{request.pod_name}",
+        )
+    if tracked.node != request.node_name:
+        return refused(
+            Code.NODE_MISMATCH,
+            f"pod {pod.key} is tracked on node {tracked.node}, not {request.node_name}",
+        )
+
+    # 9-13: the container and its reservation, checked against the spec before any annotation
+    # index is used (the decoder's trailing entry must never be addressable).
+    index = request.container_index
+    if not 0 <= index < len(pod.containers):
+        return refused(
+            Code.CONTAINER_OUT_OF_RANGE,
+            f"container index {index} is outside the pod's containers "
+            f"(0..{len(pod.containers) - 1})",
+        )
+    actual = pod.containers[index].name
+    if request.container_name and request.container_name != actual:
+        return refused(
+            Code.CONTAINER_NAME_MISMATCH,
+            f'container {index} is "{actual}", not "{request.container_name}"',
+        )
+    if tracked.decode_error is not None:
+        return refused(Code.ANNOTATION_INVALID, tracked.decode_error)
+    pending_rows, rows = tracked.pending_rows, tracked.rows
+    if pending_rows is None or index >= len(pending_rows) or not pending_rows[index]:
+        return refused(
+            Code.NOTHING_PENDING, f"container {index} has no pending NVIDIA allocation to refit"
+        )
+    if rows is None or index >= len(rows) or not rows[index]:
+        return refused(
+            Code.NOTHING_RECORDED, f"container {index} has no recorded NVIDIA allocation"
+        )
+    current = pending_rows[index]
+
+    # 14: already where kubelet can serve it: a no-op success.
+    if all(d.uuid in allowed for d in current):
+        return RefitDecision(
+            True,
+            Code.ALREADY_ALIGNED,
+            container_devices=current,
+            previous_devices=current,
+            event=Event(
+                "Normal",
+                "NumaRefitSucceed",
+                f"NUMA refit: container {index} already on allowed devices {_uuids(current)}",
+            ),
+        )
+
+    # 15-17: what the refit can handle.
+    first = current[0]
+    if any(d.usedmem != first.usedmem or d.usedcores != first.usedcores for d in current):
+        amounts = ", ".join(f"{d.uuid}={d.usedmem}MiB/{d.usedcores}%" for d in current)
+        return refused(
+            Code.HETEROGENEOUS_RESERVATION,
+            f"container {index} holds differing amounts per device ({amounts}); "
+            "heterogeneous reservations cannot be refitted",
+        )
+    if node is None or not node.devices:
+        return refused(
+            Code.NODE_UNAVAILABLE, f"node {request.node_name} unavailable: node unregistered"
+        )
+    by_uuid = node.by_uuid()
+    for uuid in request.allowed_device_uuids:
+        device = by_uuid.get(uuid)
+        if device is not None and device.info.mode == "mig":
+            return refused(
+                Code.MIG_UNSUPPORTED,
+                f"device {uuid} is in MIG mode; the NUMA refit does not support MIG",
+            )
+
+    # e.8: make the additive fit equal the phase-aware truth.
+    preloaded = preload(node, tracked, index, allowed, request.device_type)
+
+    # 18: the pod's fit settings.
+    try:
+        options = fit_options(pod.annotations, config)
+    except AnnotationError as exc:
+        return refused(Code.INVALID_SCORING_WEIGHTS, f"invalid device scoring weights: {exc}")
+
+    # 19-20: the restricted fit (d.7), seeded with the pod's other containers at their real
+    # positions and with the pod's own stored usage excluded from its namespace quota.
+    restricted = NodeSnapshot(
+        preloaded.name,
+        [
+            d
+            for d in preloaded.devices
+            if not d.info.matches_vendor(request.device_type) or d.info.id in allowed
+        ],
+        preloaded.cordoned,
+    )
+    seeded = {p: e for p, e in enumerate(rows) if e and p != index}
+    probe = None
+    if quota is not None and quota.limited(pod.namespace):
+        probe = QuotaProbe(quota, pod.namespace, pod.kinds, tracked.released, total(tracked.usage))
+    if not any(d.info.matches_vendor(request.device_type) for d in restricted.devices):
+        reasons = {ALLOWED_SET_UNMATCHED: 1}
+        return refused(
+            Code.NO_FIT,
+            f"no allowed device fits: 1/{len(restricted.devices)} {ALLOWED_SET_UNMATCHED}",
+            fit_reasons=reasons,
+            previous_devices=current,
+            preloaded=restricted,
+        )
+    synthesized = ContainerRequest(
+        nums=len(current), type=request.device_type, memreq=first.usedmem, coresreq=first.usedcores
+    )
+    fit = fit_container(restricted, synthesized, options, index, seeded, probe)
+    if not fit.ok:
+        quota_only = set(fit.reasons) == {RESOURCE_QUOTA_NOT_FIT}
+        return refused(
+            Code.QUOTA_EXCEEDED if quota_only else Code.NO_FIT,
+            f"no allowed device fits: {fit.reason_text}",
+            fit_reasons=dict(fit.reasons),
+            previous_devices=current,
+            fit=fit,
+            preloaded=restricted,
+        )
+    moved = tuple(ContainerDevice(d.uuid, d.type, d.usedmem, d.usedcores) for d in fit.devices)
+
+    # 21: quota on the original positional layout, target replaced (defence in depth: the probe
+    # above already used real positions).
+    new_rows = list(rows)
+    new_rows[index] = moved
+    new_usage = effective(pod.kinds, new_rows, tracked.released)
+    if quota is not None and not quota.fits(
+        pod.namespace, total(new_usage), exclude=total(tracked.usage)
+    ):
+        return refused(
+            Code.QUOTA_EXCEEDED,
+            f"moving container {index} would exceed the NVIDIA resource quota in namespace "
+            f"{pod.namespace}",
+            previous_devices=current,
+            fit=fit,
+            preloaded=restricted,
+        )
+
+    # 22: byte-preserving rewrite of both annotations.
+    try:
+        to_allocate = codec.rewrite_entry(tracked.to_allocate or "", index, moved)
+    except AnnotationError as exc:
+        return refused(
+            Code.ANNOTATION_INVALID, f"cannot rewrite pending allocation annotation: {exc}"
+        )
+    try:
+        allocated = codec.rewrite_entry(tracked.allocated or "", index, moved)
+    except AnnotationError as exc:
+        return refused(Code.ANNOTATION_INVALID, f"cannot rewrite allocated annotation: {exc}")
+
+    return RefitDecision(
+        True,
+        Code.MOVED,
+        container_devices=moved,
+        annotations={keys.TO_ALLOCATE: to_allocate, keys.ALLOCATED: allocated},
+        previous_devices=current,
+        stored_usage=new_usage,
+        event=Event(
+            "Normal",
+            "NumaRefitSucceed",
+            f"NUMA refit moved container {index} from {_uuids(current)} to {_uuids(moved)}",
+        ),
+        fit=fit,
+        preloaded=restricted,
+    )
+
+
+def preload(
+    node: NodeSnapshot,
+    tracked: TrackedPod,
+    index: int,
+    allowed: frozenset[str],
+    vendor: str,
+) -> NodeSnapshot:
+    """Reference e.8 on a copy of `node`: take the pod's stored usage out, then put back, per
+    device, what the pod will still use there besides the moved container, so that adding the
+    moved container's (mem, cores, 1 slot) lands exactly on the pod's true effective usage."""
+    result = node.copy()
+    devices = result.by_uuid()
+    for uuid, usage in tracked.usage.items():
+        device = devices.get(uuid)
+        if device is not None:
+            device.subtract(Usage(usage.mem, usage.cores, max(usage.slots, 1)))
+    assert tracked.rows is not None
+    assert tracked.pending_rows is not None
+    moved = tracked.pending_rows[index][0]
+    kinds = tracked.pod.kinds
+    without = list(tracked.rows)
+    without[index] = ()
+    without_usage = effective(kinds, without, tracked.released)
+    for device in result.devices:
+        if not device.info.matches_vendor(vendor):
+            continue
+        uuid = device.info.id
+        if uuid not in allowed:
+            remaining = without_usage.get(uuid)
+            if remaining is not None:
+                device.add(Usage(remaining.mem, remaining.cores, max(remaining.slots, 1)))
+            continue
+        rows: dict[int, ContainerEntry] = {
+            p: tuple(d for d in entry if d.uuid == uuid) for p, entry in enumerate(without)
+        }
+        rows[index] = (ContainerDevice(uuid, vendor, moved.usedmem, moved.usedcores),)
+        with_usage = effective(kinds, rows, tracked.released)[uuid]
+        extra = with_usage.clamp_sub(Usage(moved.usedmem, moved.usedcores, 1))
+        if not extra.is_zero:
+            device.add(extra)
+    return result

@@ -1,0 +1,109 @@
+"""Per-container GPU requests derived from Pod resources (reference d.1).
+
+Limits are read first and requests are the fallback, per resource name. A malformed value makes
+the container's request invalid (RequestError) instead of under-allocating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.core.config import CoreConfig
+from shared.core.errors import RequestError
+from shared.core.keys import INT32_MAX, NVIDIA, PERCENT_UNSET
+from shared.core.pods import ContainerSpec, PodInfo
+from shared.core.quantity import parse_integer_quantity
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """HAMi's `ContainerDeviceRequest` for one vendor."""
+
+    nums: int
+    type: str = NVIDIA
+    memreq: int = 0
+    """Absolute MiB (already multiplied by memoryFactor); 0 = use the percentage."""
+    mem_percentage: int = PERCENT_UNSET
+    """Percent of the card's memory; 101 means unset."""
+    coresreq: int = 0
+
+    def mem_on(self, totalmem: int) -> int:
+        """Effective memory against a device of `totalmem` MiB."""
+        if self.memreq > 0:
+            return self.memreq
+        if self.mem_percentage != PERCENT_UNSET:
+            return totalmem * self.mem_percentage // 100
+        return 0
+
+
+def _lookup(container: ContainerSpec, name: str) -> Any:
+    if name in container.limits:
+        return container.limits[name]
+    return container.requests.get(name)
+
+
+def container_request(container: ContainerSpec, config: CoreConfig) -> ContainerRequest | None:
+    """The NVIDIA request of one container, or None when it asks for no GPU."""
+    where = f"container {container.name!r}"
+    count_value = _lookup(container, config.resource_count_name)
+    if count_value is None:
+        return None
+    nums = parse_integer_quantity(count_value, f"{where}: {config.resource_count_name}")
+    if nums <= 0:
+        return None
+    if nums > INT32_MAX:
+        raise RequestError(f"{where}: {config.resource_count_name} overflows int32")
+
+    memreq = 0
+    mem_value = _lookup(container, config.resource_memory_name)
+    if mem_value is not None:
+        mem = parse_integer_quantity(mem_value, f"{where}: {config.resource_memory_name}")
+        memreq = mem * config.memory_factor
+        if mem < 0:
+            raise RequestError(f"{where}: {config.resource_memory_name} is negative")
+        if memreq > INT32_MAX:
+            raise RequestError(f"{where}: {config.resource_memory_name} overflows int32")
+
+    percentage = PERCENT_UNSET
+    pct_value = _lookup(container, config.resource_memory_percentage_name)
+    if pct_value is not None:
+        pct = parse_integer_quantity(
+            pct_value, f"{where}: {config.resource_memory_percentage_name}"
+        )
+        if pct > 0:
+            percentage = min(pct, 100)
+
+    if memreq == 0 and percentage == PERCENT_UNSET:
+        if config.default_memory > 0:
+            memreq = config.default_memory
+        else:
+            percentage = 100
+
+    cores_value = _lookup(container, config.resource_core_name)
+    if cores_value is None:
+        coresreq = config.default_cores
+    else:
+        coresreq = parse_integer_quantity(cores_value, f"{where}: {config.resource_core_name}")
+        if coresreq < 0:
+            raise RequestError(f"{where}: {config.resource_core_name} is negative")
+        if coresreq > INT32_MAX:
+            raise RequestError(f"{where}: {config.resource_core_name} overflows int32")
+    return ContainerRequest(nums, NVIDIA, memreq, percentage, coresreq)
+
+
+def pod_requests(pod: PodInfo, config: CoreConfig) -> list[ContainerRequest | None]:
+    """Requests by container position (init containers first)."""
+    return [container_request(c, config) for c in pod.containers]
+
+
+def asks_for_gpu(resources: Mapping[str, Any], config: CoreConfig) -> bool:
+    """True when a resource map names any of the GPU resources."""
+    names = (
+        config.resource_count_name,
+        config.resource_memory_name,
+        config.resource_memory_percentage_name,
+        config.resource_core_name,
+    )
+    return any(name in resources for name in names)

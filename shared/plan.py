@@ -1,0 +1,231 @@
+"""`numafit plan`: the pure refit decision on a case file, offline.
+
+A case holds a Node (with HAMi's register annotation), the Pods bound to it, optional
+ResourceQuotas and scheduler config, and one refit request. The answer is the refit reply of
+DESIGN.md plus the annotation values that would be patched and the node's usage afterwards,
+counted phase-aware exactly as the accounting service counts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.core import codec, keys
+from shared.core.accounting import TrackedPod, node_snapshot, track_pod
+from shared.core.config import CoreConfig, parse_config
+from shared.core.errors import CoreError
+from shared.core.fit import PICKED
+from shared.core.model import NodeSnapshot, Usage
+from shared.core.pods import pod_from_object
+from shared.core.quota import QuotaLedger, limits_from_quotas
+from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit, parse_refit_request
+
+
+class CaseError(ValueError):
+    """The case itself is malformed (exit status 2)."""
+
+
+_CASE_KEYS = {"node", "pods", "resourceQuotas", "config", "request"}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    node_name: str
+    node: NodeSnapshot | None
+    """None when the node carries no register annotation (unregistered)."""
+    pods: Mapping[str, TrackedPod]
+    quota: QuotaLedger
+    config: CoreConfig
+    request: RefitRequest
+    warnings: tuple[str, ...]
+
+
+def load_case(obj: Any) -> Case:
+    """Validate a parsed case; raise CaseError naming the first problem."""
+    if not isinstance(obj, Mapping):
+        raise CaseError("case must be a JSON object")
+    unknown = sorted(set(obj) - _CASE_KEYS)
+    if unknown:
+        raise CaseError(f"unknown case key(s) {', '.join(unknown)}; known: {sorted(_CASE_KEYS)}")
+    for required in ("node", "request"):
+        if required not in obj:
+            raise CaseError(f"case has no {required!r}")
+    try:
+        config = parse_config(obj.get("config"))
+        node_obj = obj["node"]
+        if not isinstance(node_obj, Mapping) or not isinstance(node_obj.get("metadata"), Mapping):
+            raise CaseError("node must be a Kubernetes Node object with metadata")
+        meta = node_obj["metadata"]
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise CaseError("node has no metadata.name")
+        annotations = meta.get("annotations") or {}
+        if not isinstance(annotations, Mapping):
+            raise CaseError("node metadata.annotations must be an object")
+        register = annotations.get(keys.NODE_REGISTER)
+        cordon = annotations.get(keys.DEVICE_CORDON)
+        if register is not None and not isinstance(register, str):
+            raise CaseError(f"node annotation {keys.NODE_REGISTER} must be a string")
+        if cordon is not None and not isinstance(cordon, str):
+            raise CaseError(f"node annotation {keys.DEVICE_CORDON} must be a string")
+        devices = None
+        if register is not None:
+            try:
+                devices = codec.parse_register(register)
+            except CoreError as exc:
+                raise CaseError(f"node annotation {keys.NODE_REGISTER}: {exc}") from exc
+
+        pod_objs = obj.get("pods", [])
+        if not isinstance(pod_objs, list):
+            raise CaseError("pods must be a list of Pod objects")
+        tracked: dict[str, TrackedPod] = {}
+        warnings: list[str] = []
+        seen: set[str] = set()
+        for position, pod_obj in enumerate(pod_objs):
+            try:
+                pod = pod_from_object(pod_obj)
+            except CoreError as exc:
+                raise CaseError(f"pods[{position}]: {exc}") from exc
+            if pod.uid in seen:
+                raise CaseError(f"pods[{position}]: uid {pod.uid} appears twice")
+            seen.add(pod.uid)
+            entry = track_pod(pod)
+            if entry is None:
+                continue
+            tracked[pod.uid] = entry
+            if entry.decode_error is not None:
+                warnings.append(f"pod {pod.key}: {entry.decode_error} (not counted)")
+
+        quota_objs = obj.get("resourceQuotas", [])
+        if not isinstance(quota_objs, list):
+            raise CaseError("resourceQuotas must be a list of ResourceQuota objects")
+        ledger = QuotaLedger(limits_from_quotas(quota_objs, config))
+        for entry in tracked.values():
+            ledger.add(entry.pod.namespace, entry.usage)
+
+        request = parse_refit_request(obj["request"])
+    except CaseError:
+        raise
+    except CoreError as exc:
+        raise CaseError(str(exc)) from exc
+
+    snapshot = None
+    if devices is not None:
+        snapshot = node_snapshot(name, devices, codec.parse_uuid_list(cordon), tracked.values())
+    return Case(name, snapshot, tracked, ledger, config, request, tuple(warnings))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    case: Case
+    decision: RefitDecision
+    node_after: NodeSnapshot | None
+
+    def to_json(self) -> dict[str, Any]:
+        body = self.decision.reply()
+        if self.decision.annotations is not None:
+            body["annotations"] = dict(self.decision.annotations)
+        body["nodeUsage"] = self.node_after.usage_table() if self.node_after else {}
+        if self.decision.event is not None:
+            event = self.decision.event
+            body["event"] = {"type": event.type, "reason": event.reason, "message": event.message}
+        if self.case.warnings:
+            body["warnings"] = list(self.case.warnings)
+        return body
+
+
+def run_plan(case: Case) -> PlanResult:
+    decision = decide_refit(
+        case.request, pods=case.pods, node=case.node, quota=case.quota, config=case.config
+    )
+    after = case.node
+    if after is not None and decision.code is Code.MOVED and decision.stored_usage is not None:
+        target = case.pods[case.request.pod_uid]
+        after = after.copy()
+        for uuid, usage in target.usage.items():
+            device = after.by_uuid().get(uuid)
+            if device is not None:
+                device.subtract(Usage(usage.mem, usage.cores, max(usage.slots, 1)))
+        after.add_pod_usage(decision.stored_usage)
+    return PlanResult(case, decision, after)
+
+
+def explain(result: PlanResult) -> str:
+    """The decision for a person: what was asked, each device's verdict, what moved and why."""
+    case, decision = result.case, result.decision
+    req = case.request
+    lines = [
+        f"Refit request: container {req.container_index}"
+        + (f" ({req.container_name})" if req.container_name else "")
+        + f" of pod {req.pod_namespace}/{req.pod_name} on node {req.node_name},"
+        f" mode {req.mode.value}, budget {req.timeout_ms} ms",
+        f"  kubelet allows: {', '.join(req.allowed_device_uuids) or '(nothing)'}",
+    ]
+    if decision.previous_devices:
+        devs = ", ".join(
+            f"{d.uuid} ({d.usedmem} MiB, {d.usedcores}% cores)" for d in decision.previous_devices
+        )
+        lines.append(f"  scheduler reserved: {devs}")
+    lines.append("")
+    if case.node is not None and decision.preloaded is not None:
+        verdicts = {v.uuid: v.outcome for v in decision.fit.verdicts} if decision.fit else {}
+        kept = {d.info.id for d in decision.preloaded.devices}
+        lines.append("Devices (usage as the fit saw it: other pods + this pod's other phases):")
+        by_uuid = decision.preloaded.by_uuid()
+        for device in case.node.devices:
+            info = device.info
+            head = f"  {info.id:<20} NUMA {info.numa:<3}"
+            if info.id not in kept:
+                lines.append(f"{head} not in kubelet's allowed set")
+                continue
+            seen = by_uuid[info.id]
+            usage = (
+                f"slots {seen.used}/{info.count}, mem {seen.usedmem}/{info.devmem} MiB, "
+                f"cores {seen.usedcores}/{info.devcore}"
+            )
+            outcome = verdicts.get(info.id, "not needed")
+            verdict = "PICKED" if outcome == PICKED else f"refused: {outcome}"
+            if outcome == "not needed":
+                verdict = "not needed (enough devices picked before it)"
+            lines.append(f"{head} {usage:<52} {verdict}")
+        lines.append("")
+    outcome = "succeeded" if decision.succeeded else "refused"
+    lines.append(f"Result: {outcome}, code {decision.code.value}")
+    if decision.code is Code.MOVED:
+        lines.append(
+            f"  moved container {req.container_index} from "
+            f"{', '.join(d.uuid for d in decision.previous_devices)} to "
+            f"{', '.join(d.uuid for d in decision.container_devices)}: kubelet can only hand "
+            "out the allowed GPUs, so the reservation follows them and accounting stays exact"
+        )
+    elif decision.code is Code.ALREADY_ALIGNED:
+        lines.append("  every reserved GPU is already in kubelet's allowed set; nothing changes")
+    else:
+        lines.append(f"  why: {decision.failure_reason}")
+        lines.append(
+            "  nothing is patched; in best-effort mode kubelet keeps its own choice, "
+            "in strict mode the container's admission fails"
+        )
+    if decision.annotations:
+        lines.append("")
+        lines.append("Annotations to patch:")
+        target = case.pods[req.pod_uid]
+        old = {keys.TO_ALLOCATE: target.to_allocate, keys.ALLOCATED: target.allocated}
+        for key, value in decision.annotations.items():
+            lines.append(f"  {key}")
+            lines.append(f"    before: {old[key]}")
+            lines.append(f"    after:  {value}")
+    if result.node_after is not None:
+        lines.append("")
+        lines.append("Node usage after the decision (phase-aware, every pod):")
+        for device in result.node_after.devices:
+            info = device.info
+            lines.append(
+                f"  {info.id:<20} NUMA {info.numa:<3} slots {device.used}/{info.count}, "
+                f"mem {device.usedmem}/{info.devmem} MiB, cores {device.usedcores}/{info.devcore}"
+            )
+    for warning in case.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)

@@ -45,7 +45,11 @@ def node(name: str, gpus: list[dict[str, Any]], cordon: str | None = None) -> di
     annotations = {keys.NODE_REGISTER: orjson.dumps(gpus).decode()}
     if cordon is not None:
         annotations[keys.DEVICE_CORDON] = cordon
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": annotations}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations},
+    }
 
 
 def container(
@@ -97,7 +101,8 @@ def pod(
     status: dict[str, Any] = {"phase": phase}
     if init_exit:
         status["initContainerStatuses"] = [
-            {"name": n, "state": {"terminated": {"exitCode": code}}} for n, code in init_exit.items()
+            {"name": n, "state": {"terminated": {"exitCode": code}}}
+            for n, code in init_exit.items()
         ]
     return {
         "apiVersion": "v1",
@@ -118,7 +123,9 @@ def pod(
     }
 
 
-def refit_request(target: dict[str, Any], index: int, allowed: list[str], **extra: Any) -> dict[str, Any]:
+def refit_request(
+    target: dict[str, Any], index: int, allowed: list[str], **extra: Any
+) -> dict[str, Any]:
     meta = target["metadata"]
     spec = target["spec"]
     names = [c["name"] for c in spec.get("initContainers", []) + spec["containers"]]

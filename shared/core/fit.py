@@ -221,6 +221,20 @@ def fit_container(
     return ContainerFit((), dict(reasons), considered, tuple(verdicts))
 
 
+def restrict(node: NodeSnapshot, allowed: frozenset[str], vendor: str) -> NodeSnapshot:
+    """Reference d.7: a copy of `node` keeping every device of another vendor and only the
+    allowed devices of `vendor`; allowed IDs the node does not have are ignored."""
+    return NodeSnapshot(
+        node.name,
+        [
+            d.copy()
+            for d in node.devices
+            if not d.info.matches_vendor(vendor) or d.info.id in allowed
+        ],
+        node.cordoned,
+    )
+
+
 def apply_entry(node: NodeSnapshot, entry: ContainerEntry) -> None:
     """Count a placed container on the snapshot (`Used++`, memory and cores added)."""
     devices = node.by_uuid()

@@ -23,6 +23,7 @@ from shared.core.fit import (
     ContainerFit,
     fit_container,
     fit_options,
+    restrict,
 )
 from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
 from shared.core.pods import Alignment, parse_alignment
@@ -333,15 +334,7 @@ def decide_refit(
 
     # 19-20: the restricted fit (d.7), seeded with the pod's other containers at their real
     # positions and with the pod's own stored usage excluded from its namespace quota.
-    restricted = NodeSnapshot(
-        preloaded.name,
-        [
-            d
-            for d in preloaded.devices
-            if not d.info.matches_vendor(request.device_type) or d.info.id in allowed
-        ],
-        preloaded.cordoned,
-    )
+    restricted = restrict(preloaded, allowed, request.device_type)
     seeded = {p: e for p, e in enumerate(rows) if e and p != index}
     probe = None
     if quota is not None and quota.limited(pod.namespace):

@@ -10,7 +10,7 @@ from shared.core.model import ContainerDevice, ContainerKind, Usage
 from shared.core.pods import pod_from_object
 from tests.builders import container, pod
 
-S, I, A = ContainerKind.SIDECAR, ContainerKind.INIT, ContainerKind.APP
+S, I, A = ContainerKind.SIDECAR, ContainerKind.INIT, ContainerKind.APP  # noqa: E741
 GB = 1000
 
 
@@ -77,7 +77,9 @@ def test_track_pod_stores_effective_usage_and_skips_untracked_or_terminal_pods()
 
 
 def test_undecodable_annotation_keeps_the_pod_tracked_with_an_error() -> None:
-    tracked = track_pod(pod_from_object(pod("p", allocated="GPU-a,NVIDIA,x,1:;", containers=[container("c")])))
+    tracked = track_pod(
+        pod_from_object(pod("p", allocated="GPU-a,NVIDIA,x,1:;", containers=[container("c")]))
+    )
     assert tracked is not None
     assert tracked.decode_error is not None and "cannot decode allocated" in tracked.decode_error
     assert tracked.usage == {}
@@ -104,7 +106,9 @@ _pod = st.lists(st.tuples(_kind, _row), max_size=6).map(
 )
 
 
-def _phase_sum(kinds: list[ContainerKind], rows: list[tuple[ContainerDevice, ...]], members: list[int]) -> dict[str, Usage]:
+def _phase_sum(
+    kinds: list[ContainerKind], rows: list[tuple[ContainerDevice, ...]], members: list[int]
+) -> dict[str, Usage]:
     result: dict[str, Usage] = {}
     for j in members:
         for d in rows[j]:

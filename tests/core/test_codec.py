@@ -103,7 +103,10 @@ def test_blank_entry_keeps_the_separator_layout() -> None:
         ("GPU-a::4", "GPU-a"),
         ("MIG-abc[1g.10gb]", "MIG-abc"),
         ("GPU-a-3", "GPU-a-3"),  # HAMi's rule alone: not six dashes
-        ("GPU-12345678-1234-1234-1234-123456789abc-x", "GPU-12345678-1234-1234-1234-123456789abc-x"),
+        (
+            "GPU-12345678-1234-1234-1234-123456789abc-x",
+            "GPU-12345678-1234-1234-1234-123456789abc-x",
+        ),
     ],
 )
 def test_physical_id_follows_hami(device_id: str, physical: str) -> None:
@@ -123,7 +126,9 @@ def test_register_json_and_legacy_forms() -> None:
         '"type":"NVIDIA A100","numa":1,"mode":"hami-core","health":true,"customInfo":{}}]'
     )
     assert devices[0].id == "GPU-a" and devices[0].numa == 1 and devices[0].health
-    legacy = codec.parse_register("GPU-a,10,40000,100,NVIDIA A100,1,true:GPU-b,10,40000,100,NVIDIA A100,0,false,1,mig:")
+    legacy = codec.parse_register(
+        "GPU-a,10,40000,100,NVIDIA A100,1,true:GPU-b,10,40000,100,NVIDIA A100,0,false,1,mig:"
+    )
     assert [(d.id, d.numa, d.health, d.index, d.mode) for d in legacy] == [
         ("GPU-a", 1, True, 0, "hami-core"),
         ("GPU-b", 0, False, 1, "mig"),
@@ -137,11 +142,23 @@ def test_register_json_and_legacy_forms() -> None:
         ("[{", "not valid JSON"),
         ('{"id": 1}', "7/9-field"),
         ('[{"id":"a"}]', "lacks 'count'"),
-        ('[{"id":"a","count":"10","devmem":1,"devcore":1,"type":"NVIDIA"}]', "'count' must be an integer"),
-        ('[{"id":"a","count":true,"devmem":1,"devcore":1,"type":"NVIDIA"}]', "'count' must be an integer"),
-        ('[{"id":"a","count":1,"devmem":1,"devcore":1,"type":"NVIDIA","health":"yes"}]', "'health' must be a bool"),
+        (
+            '[{"id":"a","count":"10","devmem":1,"devcore":1,"type":"NVIDIA"}]',
+            "'count' must be an integer",
+        ),
+        (
+            '[{"id":"a","count":true,"devmem":1,"devcore":1,"type":"NVIDIA"}]',
+            "'count' must be an integer",
+        ),
+        (
+            '[{"id":"a","count":1,"devmem":1,"devcore":1,"type":"NVIDIA","health":"yes"}]',
+            "'health' must be a bool",
+        ),
         ('[{"id":"a","count":-1,"devmem":1,"devcore":1,"type":"NVIDIA"}]', "negative"),
-        ('[{"id":"a","count":1,"devmem":1,"devcore":1,"type":"N"},{"id":"a","count":1,"devmem":1,"devcore":1,"type":"N"}]', "twice"),
+        (
+            '[{"id":"a","count":1,"devmem":1,"devcore":1,"type":"N"},{"id":"a","count":1,"devmem":1,"devcore":1,"type":"N"}]',
+            "twice",
+        ),
         ("[1]", "not an object"),
         ("GPU-a,10,x,100,NVIDIA,0,true", "GPU-a"),
     ],

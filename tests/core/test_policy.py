@@ -6,7 +6,13 @@ import pytest
 
 from shared.core.errors import AnnotationError
 from shared.core.model import DeviceInfo, DeviceUsage
-from shared.core.policy import ScoringWeights, device_score, order_devices, parse_policy, parse_scoring_weights
+from shared.core.policy import (
+    ScoringWeights,
+    device_score,
+    order_devices,
+    parse_policy,
+    parse_scoring_weights,
+)
 from shared.core.requests import ContainerRequest
 
 
@@ -24,17 +30,30 @@ def test_scoring_weights_parse(text: str | None, expected: ScoringWeights) -> No
 
 @pytest.mark.parametrize(
     "text",
-    ["", "slot=1,core=1", "slot=1,core=1,memory=1,slot=1", "slot=1,slot=1,memory=1",
-     "slot=-1,core=1,memory=1", "slot=a,core=1,memory=1", "slot=0,core=0,memory=0",
-     "gpu=1,core=1,memory=1", "slot:1,core=1,memory=1", "slot=1.5,core=1,memory=1"],
+    [
+        "",
+        "slot=1,core=1",
+        "slot=1,core=1,memory=1,slot=1",
+        "slot=1,slot=1,memory=1",
+        "slot=-1,core=1,memory=1",
+        "slot=a,core=1,memory=1",
+        "slot=0,core=0,memory=0",
+        "gpu=1,core=1,memory=1",
+        "slot:1,core=1,memory=1",
+        "slot=1.5,core=1,memory=1",
+    ],
 )
 def test_scoring_weights_refuse_invalid_values(text: str) -> None:
     with pytest.raises(AnnotationError):
         parse_scoring_weights(text)
 
 
-def usage(uuid: str, numa: int, used: int = 0, mem: int = 0, cores: int = 0, index: int = 0) -> DeviceUsage:
-    return DeviceUsage(DeviceInfo(uuid, index, 10, 40000, 100, "NVIDIA A100", numa), used, mem, cores)
+def usage(
+    uuid: str, numa: int, used: int = 0, mem: int = 0, cores: int = 0, index: int = 0
+) -> DeviceUsage:
+    return DeviceUsage(
+        DeviceInfo(uuid, index, 10, 40000, 100, "NVIDIA A100", numa), used, mem, cores
+    )
 
 
 def test_score_formula() -> None:
@@ -78,7 +97,11 @@ def test_numa_bind_keeps_numa_runs_contiguous() -> None:
 
 
 def test_chains_apply_keys_in_written_order() -> None:
-    devices = [usage("n0-idle", 0, index=0), usage("n1-busy", 1, used=5, mem=20000, index=1), usage("n1-idle", 1, index=2)]
+    devices = [
+        usage("n0-idle", 0, index=0),
+        usage("n1-busy", 1, used=5, mem=20000, index=1),
+        usage("n1-idle", 1, index=2),
+    ]
     # numa ascending first (walked from the end: highest NUMA first), then binpack inside.
     assert preferred("numa,binpack", devices) == ["n1-busy", "n1-idle", "n0-idle"]
     assert preferred("binpack,numa", devices)[0] == "n1-busy"

@@ -14,11 +14,18 @@ from shared.core.pods import ContainerSpec
 from shared.core.requests import ContainerRequest, container_request
 
 
-def spec(limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None) -> ContainerSpec:
+def spec(
+    limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None
+) -> ContainerSpec:
     return ContainerSpec("c", ContainerKind.APP, limits or {}, requests or {})
 
 
-G, M, P, C = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"
+G, M, P, C = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+)
 
 
 @pytest.mark.parametrize(
@@ -37,14 +44,23 @@ G, M, P, C = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentag
         ({G: "1", M: "1k"}, {}, ContainerRequest(1, memreq=1000)),
     ],
 )
-def test_derivation(limits: dict[str, Any], requests: dict[str, Any], expected: ContainerRequest | None) -> None:
+def test_derivation(
+    limits: dict[str, Any], requests: dict[str, Any], expected: ContainerRequest | None
+) -> None:
     assert container_request(spec(limits, requests), CoreConfig()) == expected
 
 
 @pytest.mark.parametrize(
     "limits",
-    [{G: "1.5"}, {G: "1", M: "1.5"}, {G: "1", M: "-5"}, {G: "1", M: "3Gi"}, {G: "1", M: "lots"},
-     {G: "1", C: "-1"}, {G: True}],
+    [
+        {G: "1.5"},
+        {G: "1", M: "1.5"},
+        {G: "1", M: "-5"},
+        {G: "1", M: "3Gi"},
+        {G: "1", M: "lots"},
+        {G: "1", C: "-1"},
+        {G: True},
+    ],
 )
 def test_invalid_values_refuse_rather_than_under_allocate(limits: dict[str, Any]) -> None:
     with pytest.raises(RequestError):
@@ -53,8 +69,12 @@ def test_invalid_values_refuse_rather_than_under_allocate(limits: dict[str, Any]
 
 def test_defaults_and_memory_factor() -> None:
     config = CoreConfig(default_memory=5000, default_cores=10, memory_factor=2)
-    assert container_request(spec({G: "1"}), config) == ContainerRequest(1, memreq=5000, coresreq=10)
-    assert container_request(spec({G: "1", M: "100"}), config) == ContainerRequest(1, memreq=200, coresreq=10)
+    assert container_request(spec({G: "1"}), config) == ContainerRequest(
+        1, memreq=5000, coresreq=10
+    )
+    assert container_request(spec({G: "1", M: "100"}), config) == ContainerRequest(
+        1, memreq=200, coresreq=10
+    )
 
 
 def test_mem_on_uses_absolute_then_percentage() -> None:

@@ -31,3 +31,8 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Regenerate the device plugin API stubs (proto/v1beta1) after editing api.proto.
+.PHONY: proto
+proto: setup
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. proto/v1beta1/api.proto

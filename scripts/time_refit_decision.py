@@ -31,7 +31,9 @@ def build() -> dict[str, Any]:
             )
         )
     target = pods[0]  # on GPU-0 (NUMA 0); kubelet allows NUMA 1's GPUs
-    return case(node("node-1", gpus), pods, refit_request(target, 1, [f"GPU-{i}" for i in range(4, 8)]))
+    return case(
+        node("node-1", gpus), pods, refit_request(target, 1, [f"GPU-{i}" for i in range(4, 8)])
+    )
 
 
 def measure(fn: Any, rounds: int) -> list[float]:
@@ -49,12 +51,21 @@ def main() -> None:
     assert run_plan(loaded).decision.code.value == "moved"
 
     def decision_only() -> None:
-        decide_refit(loaded.request, pods=loaded.pods, node=loaded.node, quota=loaded.quota, config=loaded.config)
+        decide_refit(
+            loaded.request,
+            pods=loaded.pods,
+            node=loaded.node,
+            quota=loaded.quota,
+            config=loaded.config,
+        )
 
     def whole_plan() -> None:
         run_plan(load_case(obj))
 
-    for name, fn, rounds in (("decision on a ready ledger", decision_only, 2000), ("whole plan path", whole_plan, 300)):
+    for name, fn, rounds in (
+        ("decision on a ready ledger", decision_only, 2000),
+        ("whole plan path", whole_plan, 300),
+    ):
         measure(fn, 50)
         samples = sorted(measure(fn, rounds))
         p50 = statistics.median(samples)

@@ -1,0 +1,53 @@
+"""An emulated kubelet for driving a real device plugin over gRPC without a node.
+
+In-process (tests, ``numafit simulate``)::
+
+    config = KubeletConfig(directory=Path("/tmp/kl"), cpus={0: 32, 1: 32},
+                           topology_policy=TopologyPolicy.SINGLE_NUMA_NODE)
+    async with KubeletEmulator(config) as kubelet:
+        async with asyncio.timeout(5):
+            await kubelet.wait_for_devices("nvidia.com/gpu", 20)
+        admission = await kubelet.admit_container("uid-1", "main", gpu_count=1, exclusive_cpus=4)
+
+As a program: :func:`main` (``numafit run kubelet-emulator``).
+"""
+
+from shared.kubelet_emulator.cli import main
+from shared.kubelet_emulator.config import (
+    DEVICE_PLUGIN_DIR,
+    KubeletConfig,
+    TopologyPolicy,
+    parse_cpus,
+)
+from shared.kubelet_emulator.emulator import SUPPORTED_VERSIONS, Admission, KubeletEmulator
+from shared.kubelet_emulator.errors import (
+    AdmissionError,
+    RegistrationError,
+    TopologyAffinityError,
+    UnexpectedAdmissionError,
+)
+from shared.kubelet_emulator.ledger import ContainerKey, PluginDevice
+from shared.kubelet_emulator.placement import FreeDevice, Placement, choose_devices, place
+from shared.kubelet_emulator.resource_names import is_extended_resource_name
+
+__all__ = [
+    "DEVICE_PLUGIN_DIR",
+    "SUPPORTED_VERSIONS",
+    "Admission",
+    "AdmissionError",
+    "ContainerKey",
+    "FreeDevice",
+    "KubeletConfig",
+    "KubeletEmulator",
+    "Placement",
+    "PluginDevice",
+    "RegistrationError",
+    "TopologyAffinityError",
+    "TopologyPolicy",
+    "UnexpectedAdmissionError",
+    "choose_devices",
+    "is_extended_resource_name",
+    "main",
+    "parse_cpus",
+    "place",
+]

@@ -1,0 +1,116 @@
+"""``numafit run kubelet-emulator``: serve an emulated kubelet until SIGINT/SIGTERM.
+
+Useful to run the real device plugin by hand on a machine without kubelet:
+the plugin registers on ``DIR/kubelet.sock`` and its device list is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.kubelet_emulator.config import (
+    DEVICE_PLUGIN_DIR,
+    KubeletConfig,
+    TopologyPolicy,
+    parse_cpus,
+)
+from shared.kubelet_emulator.emulator import KubeletEmulator
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numafit run kubelet-emulator",
+        description="Emulate kubelet's device manager for device plugins (registration, "
+        "ListAndWatch, Topology Manager admission).",
+    )
+    parser.add_argument("--node", default=socket.gethostname(), help="node name (for logs)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=DEVICE_PLUGIN_DIR,
+        help=f"device plugin directory holding kubelet.sock (default {DEVICE_PLUGIN_DIR})",
+    )
+    parser.add_argument(
+        "--topology-policy",
+        choices=[policy.value for policy in TopologyPolicy],
+        default=TopologyPolicy.NONE.value,
+        help="Topology Manager policy (default none, as kubelet)",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=_cpus_argument,
+        default={},
+        metavar="NUMA=COUNT,...",
+        help="allocatable exclusive CPUs per NUMA node, e.g. '0=32,1=32'",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the emulator until interrupted; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    config = KubeletConfig(
+        directory=args.dir,
+        node_name=args.node,
+        topology_policy=TopologyPolicy(args.topology_policy),
+        cpus=args.cpus,
+    )
+    try:
+        asyncio.run(_serve(config))
+    except OSError as exc:
+        logger.error("kubelet emulator failed", extra={"error": str(exc)})
+        return 1
+    return 0
+
+
+async def _serve(config: KubeletConfig) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        async with KubeletEmulator(config):
+            await stopping.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def _cpus_argument(text: str) -> dict[int, int]:
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class _FieldsFormatter(logging.Formatter):
+    """Appends a record's ``extra`` fields as ``key=value`` pairs."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+        text = super().format(record)
+        return " ".join([text, *(f"{key}={value}" for key, value in fields.items())])
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -1,0 +1,26 @@
+"""GPU discovery for the device plugin: real NVML or a simulated topology, one interface.
+
+The plugin depends on :class:`GpuBackend` only; :class:`NvmlBackend` runs on GPU
+nodes, :class:`SimulatedBackend` in tests and ``numafit simulate``.
+"""
+
+from svc_deviceplugin.discovery.errors import DiscoveryError, TopologyError
+from svc_deviceplugin.discovery.inventory import inventory_lines
+from svc_deviceplugin.discovery.model import NO_NUMA, GpuBackend, GpuInfo
+from svc_deviceplugin.discovery.nvml import NvmlApi, NvmlBackend, pci_sysfs_name
+from svc_deviceplugin.discovery.simulated import SimulatedBackend, parse_gpus, parse_topology
+
+__all__ = [
+    "NO_NUMA",
+    "DiscoveryError",
+    "GpuBackend",
+    "GpuInfo",
+    "NvmlApi",
+    "NvmlBackend",
+    "SimulatedBackend",
+    "TopologyError",
+    "inventory_lines",
+    "parse_gpus",
+    "parse_topology",
+    "pci_sysfs_name",
+]

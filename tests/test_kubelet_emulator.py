@@ -1,0 +1,572 @@
+"""The kubelet emulator against a small but real device plugin over gRPC unix sockets.
+
+The plugin below is a genuine ``grpc.aio`` DevicePlugin server (ListAndWatch
+streaming replicas ``<uuid>-<n>`` with NUMA topology, GetPreferredAllocation,
+Allocate), so these tests exercise the same wire path the numafit device plugin
+uses. Nothing sleeps: every wait is on a condition, bounded by asyncio.timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import shutil
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import pytest
+from grpc import aio  # type: ignore[import-untyped, unused-ignore]
+
+from proto.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet_emulator import (
+    FreeDevice,
+    KubeletConfig,
+    KubeletEmulator,
+    TopologyAffinityError,
+    TopologyPolicy,
+    UnexpectedAdmissionError,
+    choose_devices,
+    is_extended_resource_name,
+    main,
+    parse_cpus,
+    place,
+)
+
+RESOURCE = "nvidia.com/gpu"
+GPUS = {"GPU-a": 0, "GPU-b": 1, "GPU-c": 1}  # uuid -> NUMA node
+REPLICAS = 2  # replicas per GPU: NUMA 0 has 2, NUMA 1 has 4
+WAIT = 5.0  # seconds; an upper bound for conditions, never a sleep
+
+Advice = Callable[[api_pb2.ContainerPreferredAllocationRequest], Sequence[str]]
+
+
+def last_available(request: api_pb2.ContainerPreferredAllocationRequest) -> Sequence[str]:
+    """Default advice: the last replicas offered, so that honoured advice is visible."""
+    return list(request.available_deviceIDs)[-request.allocation_size :]
+
+
+class SampleDevicePlugin(api_pb2_grpc.DevicePluginServicer):
+    """A minimal GPU-sharing device plugin serving ``<dir>/<endpoint>``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        gpus: dict[str, int] = GPUS,
+        endpoint: str = "sample.sock",
+        preferred_allocation: bool = True,
+    ) -> None:
+        self.directory = directory
+        self.endpoint = endpoint
+        self.preferred_allocation = preferred_allocation
+        self.advice: Advice = last_available
+        self.allocate_error: str | None = None
+        self.preferred_error: str | None = None
+        self.preferred_requests: list[api_pb2.ContainerPreferredAllocationRequest] = []
+        self.allocate_requests: list[list[str]] = []
+        self.devices = [
+            api_pb2.Device(
+                ID=f"{uuid}-{n}",
+                health="Healthy",
+                topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=numa)]),
+            )
+            for uuid, numa in gpus.items()
+            for n in range(REPLICAS)
+        ]
+        self._version = 0
+        self._updated = asyncio.Condition()
+        self._server: aio.Server | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / self.endpoint
+
+    async def start(self) -> None:
+        server = aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(None)
+
+    async def register(self, *, version: str = "v1beta1", resource: str = RESOURCE) -> None:
+        async with aio.insecure_channel(f"unix://{self.directory / 'kubelet.sock'}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Register(
+                api_pb2.RegisterRequest(
+                    version=version, endpoint=self.endpoint, resource_name=resource
+                )
+            )
+
+    async def restart(self) -> None:
+        """What a plugin does when kubelet.sock is recreated: serve anew, register again."""
+        await self.stop()
+        await self.start()
+        await self.register()
+
+    async def publish(self, devices: list[api_pb2.Device]) -> None:
+        async with self._updated:
+            self.devices = devices
+            self._version += 1
+            self._updated.notify_all()
+
+    def _newer_than(self, version: int) -> bool:
+        return self._version != version
+
+    # DevicePlugin service
+
+    async def GetDevicePluginOptions(
+        self,
+        request: api_pb2.Empty,
+        context: aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions],
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            get_preferred_allocation_available=self.preferred_allocation
+        )
+
+    async def ListAndWatch(
+        self,
+        request: api_pb2.Empty,
+        context: aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse],
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        sent = -1
+        while True:
+            async with self._updated:
+                await self._updated.wait_for(functools.partial(self._newer_than, sent))
+                sent, devices = self._version, list(self.devices)
+            yield api_pb2.ListAndWatchResponse(devices=devices)
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: aio.ServicerContext[
+            api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse
+        ],
+    ) -> api_pb2.PreferredAllocationResponse:
+        container = request.container_requests[0]
+        self.preferred_requests.append(container)
+        if self.preferred_error is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.preferred_error)
+        advice = api_pb2.ContainerPreferredAllocationResponse(deviceIDs=self.advice(container))
+        return api_pb2.PreferredAllocationResponse(container_responses=[advice])
+
+    async def Allocate(
+        self,
+        request: api_pb2.AllocateRequest,
+        context: aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
+    ) -> api_pb2.AllocateResponse:
+        ids = list(request.container_requests[0].devices_ids)
+        self.allocate_requests.append(ids)
+        if self.allocate_error is not None:
+            await context.abort(grpc.StatusCode.INTERNAL, self.allocate_error)
+        uuids = sorted({replica.rsplit("-", 1)[0] for replica in ids})
+        container = api_pb2.ContainerAllocateResponse(
+            envs={"NVIDIA_VISIBLE_DEVICES": ",".join(uuids)},
+            mounts=[api_pb2.Mount(container_path="/usr/local/vgpu", host_path="/opt/vgpu")],
+            devices=[api_pb2.DeviceSpec(container_path="/dev/nvidia0", host_path="/dev/nvidia0")],
+        )
+        return api_pb2.AllocateResponse(container_responses=[container])
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory: unix socket paths must stay under ~107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def running_node(
+    directory: Path,
+    *,
+    policy: TopologyPolicy = TopologyPolicy.SINGLE_NUMA_NODE,
+    cpus: dict[int, int] | None = None,
+    preferred_allocation: bool = True,
+) -> AsyncIterator[tuple[KubeletEmulator, SampleDevicePlugin]]:
+    """A kubelet with the sample plugin registered and its devices seen."""
+    config = KubeletConfig(
+        directory=directory,
+        topology_policy=policy,
+        cpus={0: 8, 1: 8} if cpus is None else cpus,
+        dial_timeout=1.0,
+    )
+    plugin = SampleDevicePlugin(directory, preferred_allocation=preferred_allocation)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(plugin.stop)
+        kubelet = await stack.enter_async_context(KubeletEmulator(config))
+        await plugin.start()
+        await plugin.register()
+        async with asyncio.timeout(WAIT):
+            await kubelet.wait_for_devices(RESOURCE, len(plugin.devices))
+        yield kubelet, plugin
+
+
+def numa_of(replica: str) -> int:
+    return GPUS[replica.rsplit("-", 1)[0]]
+
+
+# ---------------------------------------------------------------------------- registration
+
+
+async def test_registration_dials_back_and_sees_every_device(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, _plugin):
+        devices = kubelet.devices(RESOURCE)
+
+        assert kubelet.is_registered(RESOURCE)
+        assert kubelet.registration_count(RESOURCE) == 1
+        assert [(d.id, d.healthy, sorted(d.numa_nodes)) for d in devices] == [
+            ("GPU-a-0", True, [0]),
+            ("GPU-a-1", True, [0]),
+            ("GPU-b-0", True, [1]),
+            ("GPU-b-1", True, [1]),
+            ("GPU-c-0", True, [1]),
+            ("GPU-c-1", True, [1]),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("version", "resource", "message"),
+    [
+        ("v1alpha", RESOURCE, "requested API version 'v1alpha' is not supported by kubelet"),
+        ("v1beta1", "gpu", "the ResourceName 'gpu' is invalid"),
+        ("v1beta1", "kubernetes.io/gpu", "the ResourceName 'kubernetes.io/gpu' is invalid"),
+    ],
+)
+async def test_register_refuses_bad_version_or_resource_name(
+    sock_dir: Path, version: str, resource: str, message: str
+) -> None:
+    plugin = SampleDevicePlugin(sock_dir)
+    async with KubeletEmulator(KubeletConfig(directory=sock_dir)) as kubelet:
+        await plugin.start()
+        try:
+            with pytest.raises(aio.AioRpcError) as caught:
+                await plugin.register(version=version, resource=resource)
+        finally:
+            await plugin.stop()
+
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (caught.value.details() or "")
+        assert not kubelet.is_registered(resource)
+        assert kubelet.registration_count(resource) == 0
+
+
+async def test_register_fails_when_the_plugin_socket_does_not_answer(sock_dir: Path) -> None:
+    plugin = SampleDevicePlugin(sock_dir)  # never started: nothing serves its endpoint
+    config = KubeletConfig(directory=sock_dir, dial_timeout=0.2)
+    async with KubeletEmulator(config) as kubelet:
+        with pytest.raises(aio.AioRpcError) as caught:
+            await plugin.register()
+
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed to dial device plugin 'sample.sock'" in (caught.value.details() or "")
+        assert not kubelet.is_registered(RESOURCE)
+
+
+def test_extended_resource_names() -> None:
+    assert is_extended_resource_name("nvidia.com/gpu")
+    assert is_extended_resource_name("example.com/gpu-mem")
+    for name in (
+        "gpu",
+        "kubernetes.io/gpu",
+        "foo.kubernetes.io/x",
+        "Nvidia.com/gpu",
+        "nvidia.com/",
+        "nvidia.com/a/b",
+        "requests.nvidia.com/gpu",
+    ):
+        assert not is_extended_resource_name(name), name
+
+
+# ---------------------------------------------------------------------------- device lists
+
+
+async def test_each_list_and_watch_message_replaces_the_device_list(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        remaining = [
+            api_pb2.Device(
+                ID=d.ID, health="Unhealthy" if d.ID == "GPU-a-0" else "Healthy", topology=d.topology
+            )
+            for d in plugin.devices[:3]
+        ]
+        await plugin.publish(remaining)
+
+        async with asyncio.timeout(WAIT):
+            await kubelet.wait_until(lambda: len(kubelet.devices(RESOURCE)) == 3)
+
+        devices = kubelet.devices(RESOURCE)
+        assert [(d.id, d.healthy) for d in devices] == [
+            ("GPU-a-0", False),
+            ("GPU-a-1", True),
+            ("GPU-b-0", True),
+        ]
+
+
+async def test_plugin_stream_ending_marks_devices_unhealthy(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        await plugin.stop()
+
+        async with asyncio.timeout(WAIT):
+            await kubelet.wait_until(lambda: not kubelet.is_registered(RESOURCE))
+
+        assert not any(d.healthy for d in kubelet.devices(RESOURCE))
+        with pytest.raises(UnexpectedAdmissionError, match="cannot allocate unregistered device"):
+            await kubelet.admit_container("pod-1", "main", gpu_count=1)
+
+
+# ---------------------------------------------------------------------------- admission
+
+
+async def test_admission_picks_the_lowest_numa_node_fitting_cpus_and_gpus(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        first = await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=4)
+        second = await kubelet.admit_container("pod-2", "main", gpu_count=2, exclusive_cpus=2)
+        third = await kubelet.admit_container("pod-3", "main", gpu_count=1, exclusive_cpus=6)
+
+        # NUMA 0 fits the first; then it has 1 replica (second needs 2) and 4 CPUs (third needs 6).
+        assert (first.cpu_numa, second.cpu_numa, third.cpu_numa) == (0, 1, 1)
+        assert first.device_ids == ("GPU-a-1",)  # the plugin's advice: last available
+        assert first.preferred_honoured
+        assert first.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-a"}
+        assert first.response is not None
+        assert [m.container_path for m in first.response.mounts] == ["/usr/local/vgpu"]
+        assert [d.host_path for d in first.response.devices] == ["/dev/nvidia0"]
+        assert {numa_of(i) for i in second.device_ids + third.device_ids} == {1}
+        assert second.device_ids == ("GPU-c-0", "GPU-c-1")
+        assert first.aligned and second.aligned and third.aligned
+
+        offered = plugin.preferred_requests[1]
+        assert list(offered.available_deviceIDs) == ["GPU-b-0", "GPU-b-1", "GPU-c-0", "GPU-c-1"]
+        assert list(offered.must_include_deviceIDs) == []
+        assert offered.allocation_size == 2
+        assert plugin.allocate_requests == [["GPU-a-1"], ["GPU-c-0", "GPU-c-1"], ["GPU-b-1"]]
+        assert kubelet.free_cpus() == {0: 4, 1: 0}
+        assert sorted(kubelet.allocations(RESOURCE)) == [
+            "GPU-a-1",
+            "GPU-b-1",
+            "GPU-c-0",
+            "GPU-c-1",
+        ]
+
+
+@pytest.mark.parametrize("policy", [TopologyPolicy.SINGLE_NUMA_NODE, TopologyPolicy.RESTRICTED])
+@pytest.mark.parametrize(
+    ("gpus", "cpus"),
+    [
+        pytest.param(5, 1, id="no-node-has-5-replicas"),
+        pytest.param(1, 9, id="no-node-has-9-cpus"),
+        pytest.param(3, 4, id="cpus-on-node-0-replicas-on-node-1"),
+    ],
+)
+async def test_no_numa_node_fitting_is_a_topology_affinity_error(
+    sock_dir: Path, policy: TopologyPolicy, gpus: int, cpus: int
+) -> None:
+    async with running_node(sock_dir, policy=policy, cpus={0: 8, 1: 2}) as (kubelet, plugin):
+        with pytest.raises(TopologyAffinityError) as caught:
+            await kubelet.admit_container("pod-1", "main", gpu_count=gpus, exclusive_cpus=cpus)
+
+        assert caught.value.reason == "TopologyAffinityError"
+        assert str(caught.value) == "Resources cannot be allocated with Topology locality"
+        assert plugin.preferred_requests == []
+        assert plugin.allocate_requests == []
+        assert kubelet.allocations(RESOURCE) == {}
+        assert kubelet.free_cpus() == {0: 8, 1: 2}
+
+
+async def test_best_effort_admits_without_a_fitting_numa_node(sock_dir: Path) -> None:
+    async with running_node(
+        sock_dir, policy=TopologyPolicy.BEST_EFFORT, preferred_allocation=False
+    ) as (kubelet, plugin):
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=5, exclusive_cpus=2)
+
+        assert not admission.aligned
+        assert admission.cpu_numa == 1  # the node with the most free replicas
+        assert admission.device_ids == ("GPU-b-0", "GPU-b-1", "GPU-c-0", "GPU-c-1", "GPU-a-0")
+        assert plugin.preferred_requests == []  # the plugin did not ask for the call
+        assert kubelet.free_cpus() == {0: 8, 1: 6}
+
+
+async def test_policy_none_offers_every_free_replica(sock_dir: Path) -> None:
+    async with running_node(sock_dir, policy=TopologyPolicy.NONE, cpus={0: 2, 1: 8}) as (
+        kubelet,
+        plugin,
+    ):
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=2, exclusive_cpus=4)
+
+        assert admission.cpu_numa == 1  # the lowest NUMA node with 4 free CPUs
+        offered = plugin.preferred_requests[0]
+        assert list(offered.available_deviceIDs) == [d.ID for d in plugin.devices]
+        assert admission.device_ids == ("GPU-c-0", "GPU-c-1")
+        assert admission.preferred_honoured
+
+
+@pytest.mark.parametrize(
+    "advice",
+    [
+        pytest.param(lambda r: ["GPU-a-0"] * r.allocation_size, id="duplicates"),
+        pytest.param(lambda r: ["GPU-b-0", "GPU-zz-9"], id="not-available"),
+        pytest.param(lambda r: ["GPU-b-0", "GPU-a-0"], id="other-numa-node"),
+        pytest.param(lambda r: ["GPU-b-0"], id="too-few"),
+        pytest.param(lambda r: [], id="none"),
+    ],
+)
+async def test_bad_advice_is_ignored(sock_dir: Path, advice: Advice) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        plugin.advice = advice
+
+        admission = await kubelet.admit_container(
+            "pod-1", "main", gpu_count=2, exclusive_cpus=9 - 9
+        )
+
+        assert not admission.preferred_honoured
+        assert admission.device_ids == ("GPU-a-0", "GPU-a-1")  # kubelet's own pick on NUMA 0
+
+
+async def test_allocate_error_is_unexpected_and_consumes_nothing(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        plugin.allocate_error = "device busy"
+
+        with pytest.raises(UnexpectedAdmissionError) as caught:
+            await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=4)
+
+        assert caught.value.reason == "UnexpectedAdmissionError"
+        assert str(caught.value) == (
+            "Allocate failed due to rpc error: code = Internal desc = device busy, "
+            "which is unexpected"
+        )
+        assert kubelet.allocations(RESOURCE) == {}
+        assert kubelet.free_cpus() == {0: 8, 1: 8}
+
+        plugin.allocate_error = None
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=4)
+        assert admission.device_ids == ("GPU-a-1",)
+
+
+async def test_preferred_allocation_error_fails_admission(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        plugin.preferred_error = "numa-alignment strict: refit refused"
+
+        with pytest.raises(UnexpectedAdmissionError, match="code = FailedPrecondition desc = numa"):
+            await kubelet.admit_container("pod-1", "main", gpu_count=1)
+
+        assert plugin.allocate_requests == []
+        assert kubelet.allocations(RESOURCE) == {}
+
+
+async def test_unknown_resource_and_readmission_are_refused(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, _plugin):
+        with pytest.raises(
+            UnexpectedAdmissionError, match=r"unregistered device example\.com/fpga"
+        ):
+            await kubelet.admit_container("pod-1", "main", resource="example.com/fpga")
+        await kubelet.admit_container("pod-1", "main", gpu_count=1)
+        with pytest.raises(ValueError, match="already admitted"):
+            await kubelet.admit_container("pod-1", "main", gpu_count=1)
+
+
+async def test_release_frees_devices_and_cpus(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, _plugin):
+        await kubelet.admit_container("pod-1", "init", gpu_count=1, exclusive_cpus=4)
+        await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=4)
+        with pytest.raises(TopologyAffinityError):
+            await kubelet.admit_container("pod-2", "main", gpu_count=1, exclusive_cpus=12)
+
+        await kubelet.release_pod("pod-1")
+
+        assert kubelet.allocations(RESOURCE) == {}
+        assert kubelet.free_cpus() == {0: 8, 1: 8}
+        admission = await kubelet.admit_container("pod-2", "main", gpu_count=2, exclusive_cpus=8)
+        assert admission.cpu_numa == 0
+
+
+# ---------------------------------------------------------------------------- restart
+
+
+async def test_restart_removes_sockets_and_the_plugin_registers_again(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        admitted = await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=2)
+        checkpoint = sock_dir / "kubelet_internal_checkpoint"
+        checkpoint.write_text("{}")
+
+        removed = await kubelet.restart()
+
+        assert "sample.sock" in removed  # kubelet.sock itself goes when its server stops
+        assert not plugin.socket_path.exists()
+        assert checkpoint.read_text() == "{}"
+        assert stat.S_ISSOCK((sock_dir / "kubelet.sock").stat().st_mode)
+        assert not kubelet.is_registered(RESOURCE)
+        assert kubelet.devices(RESOURCE) == ()
+        assert list(kubelet.allocations(RESOURCE)) == list(admitted.device_ids)
+
+        await plugin.restart()
+        async with asyncio.timeout(WAIT):
+            await kubelet.wait_for_devices(RESOURCE, len(plugin.devices))
+
+        assert kubelet.registration_count(RESOURCE) == 2
+        again = await kubelet.admit_container("pod-2", "main", gpu_count=1, exclusive_cpus=2)
+        assert again.device_ids == ("GPU-a-0",)  # GPU-a-1 is still held by pod-1
+
+
+# ---------------------------------------------------------------------------- pure parts
+
+
+def test_placement_without_topology_imposes_no_numa_constraint() -> None:
+    devices = [FreeDevice("x-0", frozenset()), FreeDevice("x-1", frozenset())]
+
+    placement = place(
+        TopologyPolicy.SINGLE_NUMA_NODE,
+        free_cpus={0: 1, 1: 4},
+        free_devices=devices,
+        topology_aware=False,
+        resource=RESOURCE,
+        gpu_count=2,
+        cpu_count=2,
+    )
+
+    assert (placement.numa, placement.available, placement.aligned) == (1, ("x-0", "x-1"), True)
+
+
+def test_placement_refuses_more_devices_than_free_under_policy_none() -> None:
+    with pytest.raises(UnexpectedAdmissionError, match="Requested: 3, Available: 1"):
+        place(
+            TopologyPolicy.NONE,
+            free_cpus={0: 4},
+            free_devices=[FreeDevice("x-0", frozenset({0}))],
+            topology_aware=True,
+            resource=RESOURCE,
+            gpu_count=3,
+            cpu_count=0,
+        )
+
+
+def test_choose_devices_takes_only_exact_advice() -> None:
+    assert choose_devices(["a", "b", "c"], ["c", "a"], 2) == (("c", "a"), True)
+    assert choose_devices(["a", "b", "c"], ["c", "d"], 2) == (("a", "b"), False)
+    assert choose_devices(["a", "b", "c"], None, 2) == (("a", "b"), False)
+
+
+def test_config_refuses_a_socket_path_too_long_for_unix_sockets() -> None:
+    with pytest.raises(ValueError, match="longer than a unix socket path may be"):
+        KubeletConfig(directory=Path("/tmp") / ("d" * 100))
+
+
+def test_parse_cpus_and_cli_flag_errors() -> None:
+    assert parse_cpus("0=32, 1=16") == {0: 32, 1: 16}
+    assert parse_cpus("") == {}
+    for bad in ("0", "0=x", "-1=4", "0=1,0=2"):
+        with pytest.raises(ValueError, match=r"NUMA"):
+            parse_cpus(bad)
+    with pytest.raises(SystemExit) as caught:
+        main(["--dir", "/tmp", "--cpus", "0=lots"])
+    assert caught.value.code == 2

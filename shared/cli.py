@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import TextIO
 
@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the decision for a person: devices considered, refusals, what moved",
     )
+    run = commands.add_parser(
+        "run",
+        help="run one numafit component (a service or an emulator)",
+        description="Run one component; `numafit run TARGET --help` lists its options.",
+    )
+    run.add_argument("target", choices=sorted(RUN_TARGETS), help="what to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the component's own options")
     commands.add_parser(
         "demo",
         help="explain a refit on the bundled worked example",
@@ -105,8 +112,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_accounting(argv: list[str]) -> int:
+    from svc_accounting.__main__ import main as run_main
+
+    return run_main(argv, prog="numafit run accounting")
+
+
+def _run_refit(argv: list[str]) -> int:
+    from svc_refit.__main__ import main as run_main
+
+    return run_main(argv, prog="numafit run refit")
+
+
+def _run_kube_emulator(argv: list[str]) -> int:
+    from shared.kube_emulator.cli import main as run_main
+
+    return run_main(argv)
+
+
+def _run_kubelet_emulator(argv: list[str]) -> int:
+    from shared.kubelet_emulator.cli import main as run_main
+
+    return run_main(argv)
+
+
+RUN_TARGETS: dict[str, Callable[[list[str]], int]] = {
+    "accounting": _run_accounting,
+    "refit": _run_refit,
+    "kube-emulator": _run_kube_emulator,
+    "kubelet-emulator": _run_kubelet_emulator,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return RUN_TARGETS[args.target](list(args.args))
     if args.command == "plan":
         return plan_command(args.case, args.explain, sys.stdout, sys.stderr, sys.stdin)
     if args.command == "demo":

@@ -123,6 +123,11 @@ def parse_register(text: str) -> tuple[DeviceInfo, ...]:
         items = orjson.loads(stripped)
     except orjson.JSONDecodeError as exc:
         raise AnnotationError(f"register annotation is not valid JSON: {exc}") from exc
+    return parse_register_items(items)
+
+
+def parse_register_items(items: Any) -> tuple[DeviceInfo, ...]:
+    """Validate register items already decoded from JSON."""
     if not isinstance(items, list):
         raise AnnotationError("register annotation must be a JSON list")
     devices: list[DeviceInfo] = []
@@ -207,24 +212,24 @@ def _check_unique(devices: Sequence[DeviceInfo]) -> None:
         seen.add(device.id)
 
 
+def register_item(d: DeviceInfo) -> dict[str, Any]:
+    """One GPU as a JSON register item."""
+    return {
+        "id": d.id,
+        "index": d.index,
+        "count": d.count,
+        "devmem": d.devmem,
+        "devcore": d.devcore,
+        "type": d.type,
+        "numa": d.numa,
+        "mode": d.mode,
+        "health": d.health,
+    }
+
+
 def encode_register(devices: Iterable[DeviceInfo]) -> str:
     """HAMi's JSON register form (what the device plugin publishes through accounting)."""
-    return orjson.dumps(
-        [
-            {
-                "id": d.id,
-                "index": d.index,
-                "count": d.count,
-                "devmem": d.devmem,
-                "devcore": d.devcore,
-                "type": d.type,
-                "numa": d.numa,
-                "mode": d.mode,
-                "health": d.health,
-            }
-            for d in devices
-        ]
-    ).decode()
+    return orjson.dumps([register_item(d) for d in devices]).decode()
 
 
 def parse_uuid_list(text: str | None) -> frozenset[str]:

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from shared.kubelet_emulator.config import (
     parse_cpus,
 )
 from shared.kubelet_emulator.emulator import KubeletEmulator
+from shared.service.logs import configure_logging
 
 __all__ = ["build_parser", "main"]
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the emulator until interrupted; returns the process exit status."""
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level.lower(), "json")
     config = KubeletConfig(
         directory=args.dir,
         node_name=args.node,
@@ -96,21 +96,3 @@ def _cpus_argument(text: str) -> dict[int, int]:
         return parse_cpus(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-
-
-class _FieldsFormatter(logging.Formatter):
-    """Appends a record's ``extra`` fields as ``key=value`` pairs."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
-        text = super().format(record)
-        return " ".join([text, *(f"{key}={value}" for key, value in fields.items())])
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -1,0 +1,5 @@
+"""`python -m shared.kube_emulator --help`."""
+
+from .cli import main
+
+raise SystemExit(main())

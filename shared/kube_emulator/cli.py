@@ -1,0 +1,95 @@
+"""`python -m shared.kube_emulator` (and `numafit run kube-emulator`): the emulator as a process.
+
+For out-of-process users: it listens, writes a kubeconfig (atomically, once it is listening, so
+the file's appearance means "ready"), logs JSON lines to stderr, and on SIGTERM or SIGINT ends
+its watches, finishes in-flight requests and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from shared.service.logs import configure_logging
+
+from .server import KubeEmulator
+
+log = logging.getLogger("numafit.kube_emulator")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kube-emulator",
+        description=(
+            "An in-memory Kubernetes API server for tests: pods (with binding and status), "
+            "nodes, namespaces, events, resource quotas; list, watch, patch; fault injection "
+            "under /_emulator/faults. No authentication, no persistence."
+        ),
+    )
+    parser.add_argument(
+        "--port", type=int, default=8080, help="TCP port; 0 picks a free one (default 8080)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--kubeconfig-out",
+        metavar="PATH",
+        help="write a kubeconfig for the emulator here once it is listening",
+    )
+    parser.add_argument(
+        "--history-limit",
+        type=int,
+        default=10_000,
+        help="changes kept for watches from an older resourceVersion (default 10000)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="debug logs every request (default info)",
+    )
+    return parser
+
+
+async def serve(
+    port: int, host: str, kubeconfig_out: str | None, *, history_limit: int = 10_000
+) -> None:
+    """Run the emulator until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    caught: list[str] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        caught.append(signum.name)
+        stopping.set()
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for signum in signals:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        async with KubeEmulator(host=host, port=port, history_limit=history_limit) as emulator:
+            if kubeconfig_out:
+                emulator.write_kubeconfig(kubeconfig_out)
+                log.info("kubeconfig written", extra={"path": kubeconfig_out})
+            log.info("ready", extra={"url": emulator.url})
+            await stopping.wait()
+            log.info("shutting down", extra={"signal": caught[0] if caught else None})
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level.lower(), "json")
+    try:
+        asyncio.run(
+            serve(args.port, args.host, args.kubeconfig_out, history_limit=args.history_limit)
+        )
+    except OSError as error:
+        log.error("cannot serve", extra={"error": str(error)})
+        return 1
+    return 0

@@ -1,0 +1,455 @@
+"""The REST verbs over the store, with the API server's semantics and none of its HTTP.
+
+This is where a request body becomes a stored object: identity checks against the URL,
+defaulting, admission, system metadata (uid, creationTimestamp, generated names), validation,
+optimistic concurrency (a resourceVersion in a PUT body or a patch is a precondition; a write
+that loses a race while admission runs is retried, as upstream's GuaranteedUpdate does), the
+status/main split of resources with a status subresource, and pods/binding. Every refusal is a
+KubeError with upstream's Status; server.py only translates HTTP to these calls and back.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from collections.abc import Callable
+from typing import Literal
+
+from . import errors
+from .admission import DEFAULT_WEBHOOK, AdmissionDenied, AdmissionHook, AdmissionRequest
+from .errors import FieldError, KubeError
+from .objects import JSONDict, child, copy_json, metadata, now_rfc3339
+from .patching import PatchError, copy_value, json_patch, merge_patch, strategic_merge_patch
+from .resources import NAMESPACES, PODS, ResourceKind
+from .selectors import FieldSelector, LabelSelector
+from .store import KeyExists, KeyMissing, Store, VersionMismatch
+
+PatchType = Literal["json", "merge", "strategic"]
+
+PATCH_CONTENT_TYPES: dict[str, PatchType] = {
+    "application/json-patch+json": "json",
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+}
+
+# Metadata only the server writes: kept from the stored object whatever an update says.
+_SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+
+# An update that keeps losing races with concurrent writers gives up, as upstream eventually does.
+_UPDATE_ATTEMPTS = 16
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_SUBDOMAIN_RULE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+# Upstream's generateName alphabet: no vowels (no words) and no look-alike characters.
+_NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+Mutation = Callable[[JSONDict], JSONDict]
+"""Computes the desired object from (a copy of) the current one."""
+
+
+class Registry:
+    """Create, read, update, patch, delete, bind: each a method, each returning wire JSON."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.admission: AdmissionHook | None = None
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def get(self, kind: ResourceKind, namespace: str, name: str) -> JSONDict:
+        stored = self.store.get(kind.bucket, namespace, name)
+        if stored is None:
+            raise errors.not_found(kind.plural, name, kind.group)
+        return kind.from_storage(stored)
+
+    def list(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        labels: LabelSelector,
+        fields: FieldSelector,
+    ) -> JSONDict:
+        """A <Kind>List at the store's current revision; a later watch from it misses nothing.
+
+        `limit` is not honoured (the API allows a server to return everything at once).
+        """
+        stored, revision = self.store.list(kind.bucket, namespace)
+        items = []
+        for obj in stored:
+            if matches(kind, obj, labels, fields):
+                item = kind.from_storage(obj)
+                # Items of a typed list carry no kind/apiVersion on the wire.
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+                items.append(item)
+        return {
+            "kind": f"{kind.kind}List",
+            "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": str(revision)},
+            "items": items,
+        }
+
+    # --- create --------------------------------------------------------------------------------
+
+    async def create(self, kind: ResourceKind, namespace: str, body: JSONDict) -> JSONDict:
+        obj = self._typed(kind, body)
+        meta = metadata(obj)
+        self._check_namespace(kind, namespace, meta)
+        if meta.get("resourceVersion"):
+            raise errors.internal("resourceVersion should not be set on objects to be created")
+        kind.apply_defaults(obj)
+        obj = await self._admit(kind, "CREATE", obj, None)
+        meta = metadata(obj)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = str(meta["generateName"]) + "".join(
+                random.choices(_NAME_SUFFIX_ALPHABET, k=5)
+            )
+        for key in _SYSTEM_METADATA:
+            meta.pop(key, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        kind.prepare_for_create(obj)
+        name = str(meta.get("name", ""))
+        problems = _name_errors(meta) + kind.validate_create(obj)
+        if problems:
+            raise errors.invalid(kind.kind, name, problems, kind.group)
+        if kind.namespaced:
+            self.ensure_namespace(namespace)
+        try:
+            created = self.store.create(kind.bucket, kind.to_storage(obj))
+        except KeyExists:
+            raise errors.already_exists(kind.plural, name, kind.group) from None
+        return kind.from_storage(created)
+
+    def ensure_namespace(self, namespace: str) -> None:
+        # Any namespace exists on first use, so tests need not create one; the Namespace object
+        # appears (with its own ADDED event) just before the first object in it. A name no
+        # namespace could have is answered as upstream answers a missing namespace.
+        if self.store.get(NAMESPACES.bucket, "", namespace) is not None:
+            return
+        if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
+            raise errors.not_found("namespaces", namespace)
+        obj: JSONDict = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": namespace,
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": now_rfc3339(),
+            },
+        }
+        NAMESPACES.prepare_for_create(obj)
+        self.store.create(NAMESPACES.bucket, obj)
+
+    # --- update, patch, status ---------------------------------------------------------------
+
+    async def replace(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        body: JSONDict,
+        subresource: str = "",
+    ) -> JSONDict:
+        """PUT: the body replaces the object (or only its status, for the status subresource)."""
+        body = self._typed(kind, body)
+        meta = metadata(body)
+        self._check_namespace(kind, namespace, meta)
+        if meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({name})"
+            )
+        return await self._update(
+            kind, namespace, name, lambda _current: copy_json(body), subresource
+        )
+
+    async def patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch_type: PatchType,
+        patch: object,
+        subresource: str = "",
+    ) -> JSONDict:
+        """PATCH: the patch is applied to the current object on every attempt, so a
+        metadata.resourceVersion it carries is checked against the latest version."""
+        if patch_type == "json" and not isinstance(patch, list):
+            raise errors.bad_request("the JSON patch must be a list of operations")
+        if patch_type != "json" and not isinstance(patch, dict):
+            raise errors.bad_request("the patch must be a JSON object")
+
+        def apply(current: JSONDict) -> JSONDict:
+            try:
+                if patch_type == "json":
+                    result = json_patch(current, copy_value(patch))
+                elif patch_type == "merge":
+                    result = merge_patch(current, copy_value(patch))
+                else:
+                    result = strategic_merge_patch(current, copy_value(patch))
+            except PatchError as error:
+                raise KubeError(errors.status_object(422, str(error))) from None
+            if not isinstance(result, dict):
+                raise KubeError(
+                    errors.status_object(422, "the patch made the object not an object")
+                )
+            return result
+
+        return await self._update(kind, namespace, name, apply, subresource)
+
+    async def _update(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        mutate: Mutation,
+        subresource: str,
+    ) -> JSONDict:
+        if subresource not in ("", "status") or (subresource == "status" and not kind.has_status):
+            raise errors.path_not_found()
+        for _attempt in range(_UPDATE_ATTEMPTS):
+            current = self.get(kind, namespace, name)
+            current_version = str(metadata(current)["resourceVersion"])
+            desired = mutate(copy_json(current))
+            precondition = metadata(desired).get("resourceVersion")
+            if precondition and precondition != current_version:
+                raise errors.conflict(kind.plural, name, group=kind.group)
+            new = _merge_for_update(kind, current, desired, subresource)
+            if not subresource:
+                new = await self._admit(kind, "UPDATE", new, current)
+            _restore_system_metadata(new, current)
+            if not subresource:
+                problems = _immutable_errors(new, current) + kind.validate_update(new, current)
+                if problems:
+                    raise errors.invalid(kind.kind, name, problems, kind.group)
+            try:
+                updated = self.store.update(kind.bucket, kind.to_storage(new), current_version)
+            except VersionMismatch:
+                continue  # written meanwhile (admission awaited): recompute from the new state
+            except KeyMissing:
+                raise errors.not_found(kind.plural, name, kind.group) from None
+            return kind.from_storage(updated)
+        raise errors.conflict(kind.plural, name, group=kind.group)
+
+    # --- delete --------------------------------------------------------------------------------
+
+    def delete(
+        self, kind: ResourceKind, namespace: str, name: str, options: JSONDict | None
+    ) -> JSONDict:
+        """Deletes at once (grace periods and finalizers are not emulated); returns the object."""
+        current = self.get(kind, namespace, name)
+        preconditions = child(options or {}, "preconditions")
+        meta = metadata(current)
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = preconditions.get(field)
+            if wanted and wanted != meta.get(field):
+                raise errors.conflict(
+                    kind.plural,
+                    name,
+                    f"Precondition failed: {label} in precondition: {wanted}, "
+                    f"{label} in object meta: {meta.get(field)}",
+                    kind.group,
+                )
+        try:
+            deleted = self.store.delete(kind.bucket, namespace, name, str(meta["resourceVersion"]))
+        except (KeyMissing, VersionMismatch):
+            raise errors.not_found(kind.plural, name, kind.group) from None
+        return kind.from_storage(deleted)
+
+    # --- pods/binding --------------------------------------------------------------------------
+
+    def bind(self, namespace: str, name: str, binding: JSONDict) -> JSONDict:
+        """POST pods/{name}/binding: what the scheduler does to place a pod on a node.
+
+        Sets spec.nodeName and the PodScheduled condition and copies the Binding's annotations
+        and labels onto the pod, under the Binding's uid/resourceVersion preconditions.
+        """
+        meta = metadata(binding)
+        if meta.get("name", name) != name:
+            raise errors.bad_request("name in URL does not match name in Binding object")
+        self._check_namespace(PODS, namespace, meta)
+        target = child(binding, "target")
+        problems = []
+        if target.get("kind", "") not in ("", "Node"):
+            problems.append(
+                FieldError(
+                    "target.kind",
+                    "not_supported",
+                    'supported values: "Node", "<empty>"',
+                    target["kind"],
+                )
+            )
+        if not target.get("name"):
+            problems.append(FieldError("target.name", "required"))
+        if problems:
+            raise errors.invalid("Binding", name, problems)
+
+        pod = self.get(PODS, namespace, name)
+        pod_meta = metadata(pod)
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = meta.get(field)
+            if wanted and wanted != pod_meta.get(field):
+                raise errors.conflict(
+                    "pods",
+                    name,
+                    f"Precondition failed: {label} in precondition: {wanted}, "
+                    f"{label} in object meta: {pod_meta.get(field)}",
+                )
+        spec = pod.setdefault("spec", {})
+        refusal = None
+        if pod_meta.get("deletionTimestamp"):
+            refusal = f"pod {name} is being deleted, cannot be assigned to a host"
+        elif spec.get("nodeName"):
+            refusal = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
+        elif spec.get("schedulingGates"):
+            refusal = f"pod {name} has non-empty .spec.schedulingGates"
+        if refusal:
+            raise errors.conflict("pods/binding", name, refusal)
+
+        spec["nodeName"] = target["name"]
+        for section in ("annotations", "labels"):
+            extra = meta.get(section)
+            if isinstance(extra, dict) and extra:
+                existing = pod_meta.get(section)
+                pod_meta[section] = {**(existing if isinstance(existing, dict) else {}), **extra}
+        _set_condition(pod.setdefault("status", {}), {"type": "PodScheduled", "status": "True"})
+        self.store.update(PODS.bucket, pod, str(pod_meta["resourceVersion"]))
+        return errors.success_status(201)
+
+    # --- shared checks -------------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        kind: ResourceKind,
+        operation: Literal["CREATE", "UPDATE"],
+        obj: JSONDict,
+        old: JSONDict | None,
+    ) -> JSONDict:
+        # Only pods are admitted: the emulator stands in for webhooks registered on pods.
+        hook = self.admission
+        if hook is None or kind is not PODS:
+            return obj
+        meta = metadata(obj)
+        request = AdmissionRequest(
+            operation=operation,
+            kind=kind.kind,
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            object=obj,
+            old_object=None if old is None else copy_json(old),
+        )
+        try:
+            result = await hook(request)
+        except AdmissionDenied as denial:
+            raise errors.admission_denied(
+                denial.webhook, denial.message, denial.code, denial.reason
+            ) from None
+        except Exception as failure:
+            raise errors.internal(
+                f'failed calling webhook "{DEFAULT_WEBHOOK}": {failure}'
+            ) from failure
+        return request.object if result is None else result
+
+    @staticmethod
+    def _typed(kind: ResourceKind, body: JSONDict) -> JSONDict:
+        """The body as this resource, kind and apiVersion first as the API server writes them."""
+        for key, expected in (("kind", kind.kind), ("apiVersion", kind.api_version)):
+            given = body.get(key)
+            if given and given != expected:
+                raise errors.bad_request(
+                    f"the object provided is unrecognized (must be of type {kind.kind}): "
+                    f"{key} {given!r} is not {expected!r}"
+                )
+        typed: JSONDict = {"kind": kind.kind, "apiVersion": kind.api_version}
+        typed.update((key, value) for key, value in body.items() if key not in typed)
+        return typed
+
+    @staticmethod
+    def _check_namespace(kind: ResourceKind, namespace: str, meta: JSONDict) -> None:
+        given = meta.get("namespace")
+        if kind.namespaced:
+            if given and given != namespace:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on "
+                    "the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+
+
+def matches(
+    kind: ResourceKind, stored: JSONDict, labels: LabelSelector, fields: FieldSelector
+) -> bool:
+    """Whether a stored object is selected by both selectors."""
+    object_labels = child(metadata(stored), "labels")
+    return labels.matches(object_labels) and fields.matches(kind.field_values(stored))
+
+
+def _merge_for_update(
+    kind: ResourceKind, current: JSONDict, desired: JSONDict, subresource: str
+) -> JSONDict:
+    if subresource == "status":
+        # The status subresource writes .status and nothing else.
+        new = copy_json(current)
+        new["status"] = desired.get("status", {})
+    else:
+        new = desired
+        if kind.has_status:
+            # ... and the main resource never writes .status (upstream PrepareForUpdate).
+            new.pop("status", None)
+            if "status" in current:
+                new["status"] = copy_json(current)["status"]
+    new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+    return new
+
+
+def _restore_system_metadata(new: JSONDict, current: JSONDict) -> None:
+    meta, old = metadata(new), metadata(current)
+    if meta.get("uid") in (None, ""):
+        meta["uid"] = old.get("uid")
+    for key in ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+        if key in old:
+            meta[key] = old[key]
+        else:
+            meta.pop(key, None)
+    meta["resourceVersion"] = old["resourceVersion"]
+
+
+def _immutable_errors(new: JSONDict, current: JSONDict) -> list[FieldError]:
+    meta, old = metadata(new), metadata(current)
+    return [
+        FieldError(f"metadata.{key}", "immutable", value=meta.get(key))
+        for key in ("name", "namespace", "uid")
+        if meta.get(key) != old.get(key)
+    ]
+
+
+def _name_errors(meta: JSONDict) -> list[FieldError]:
+    name = meta.get("name")
+    if not name:
+        return [FieldError("metadata.name", "required", "name or generateName is required")]
+    if not isinstance(name, str) or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        return [FieldError("metadata.name", "invalid", _SUBDOMAIN_RULE, name)]
+    return []
+
+
+def _set_condition(status: JSONDict, condition: JSONDict) -> None:
+    """Set a condition by type, stamping lastTransitionTime when its status changes."""
+    conditions = status.setdefault("conditions", [])
+    for existing in conditions:
+        if existing.get("type") == condition["type"]:
+            if existing.get("status") != condition["status"]:
+                existing["lastTransitionTime"] = now_rfc3339()
+            existing.update(condition)
+            return
+    conditions.append({**condition, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()})

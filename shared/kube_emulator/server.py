@@ -1,0 +1,419 @@
+"""The HTTP face of the emulator: routing, JSON in and out, admin endpoints, and its lifecycle.
+
+KubeEmulator serves Kubernetes REST paths (see paths.py) from a Registry over an in-memory Store,
+so the real kubernetes_asyncio client (or kubectl) works against it unchanged:
+
+    async with KubeEmulator() as emulator:
+        emulator.write_kubeconfig(path)          # then config.load_kube_config(config_file=path)
+        emulator.faults.add(method="PATCH", path_regex="/pods/", status=500, times=1)
+
+Besides the API it serves /healthz, /readyz, /livez, and its own controls under /_emulator/:
+
+    GET    /_emulator/faults        the live fault rules
+    POST   /_emulator/faults        add one: {"method", "path_regex", "delay_s", "status",
+                                    "times", "message"}; answers 201 with the rule and its id
+    DELETE /_emulator/faults        remove them all
+    DELETE /_emulator/faults/{id}   remove one
+    POST   /_emulator/compact       forget the watch history (watches from older revisions get 410)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from . import discovery, errors, kubeconfig, paths, watching
+from .admission import AdmissionHook
+from .errors import KubeError
+from .faults import ADMIN_PREFIX, Faults
+from .objects import JSONDict
+from .registry import PATCH_CONTENT_TYPES, Registry
+from .resources import BY_PATH, PODS, ResourceKind
+from .selectors import (
+    FieldSelector,
+    LabelSelector,
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
+from .store import Store, TooNew, TooOld
+
+log = logging.getLogger("numafit.kube_emulator")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The API server's own limit on request bodies (aiohttp's default, 1 MiB, is lower).
+_MAX_BODY_BYTES = 3 * 1024 * 1024
+
+# Namespaces a fresh cluster has; more appear on first use.
+_INITIAL_NAMESPACES = ("default", "kube-system")
+
+
+def json_response(body: JSONDict, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+class KubeEmulator:
+    """A Kubernetes API server for tests: in memory, in process, on a real TCP port."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        history_limit: int = 10_000,
+        admission: AdmissionHook | None = None,
+        bookmark_interval_s: float = 60.0,
+        shutdown_timeout_s: float = 2.0,
+    ) -> None:
+        self.host = host
+        self.store = Store(history_limit)
+        self.registry = Registry(self.store)
+        self.registry.admission = admission
+        self.faults = Faults()
+        self.bookmark_interval_s = bookmark_interval_s
+        self._requested_port = port
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        for name in _INITIAL_NAMESPACES:
+            self.registry.ensure_namespace(name)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("the emulator is already running")
+        # Cancel a handler when its client disconnects, so abandoned watches and delayed
+        # faults end at once instead of holding state until their next write.
+        runner = web.AppRunner(
+            self.build_app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self._shutdown_timeout_s,
+        )
+        await runner.setup()
+        # Binding the socket here (not in TCPSite) tells us the port when port=0 chose one.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self._requested_port), family=family)
+        try:
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            sock.close()
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(sock.getsockname()[1])
+        log.info("kube emulator listening", extra={"url": self.url})
+
+    async def stop(self) -> None:
+        """End every watch, then close the server (in-flight requests get shutdown_timeout_s)."""
+        runner, self._runner = self._runner, None
+        self.store.close()
+        if runner is not None:
+            await runner.cleanup()
+            log.info("kube emulator stopped")
+
+    async def __aenter__(self) -> KubeEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the emulator is not running")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (a wildcard listen address is reached via loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
+        return kubeconfig.write(path, self.url)
+
+    # --- test controls -------------------------------------------------------------------------
+
+    @property
+    def admission(self) -> AdmissionHook | None:
+        return self.registry.admission
+
+    @admission.setter
+    def admission(self, hook: AdmissionHook | None) -> None:
+        self.registry.admission = hook
+
+    def compact(self) -> int:
+        """Forget the watch history; a watch from any earlier revision now gets 410."""
+        return self.store.compact()
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors, self.faults.middleware], client_max_size=_MAX_BODY_BYTES
+        )
+        router = app.router
+        for probe in ("/healthz", "/readyz", "/livez"):
+            router.add_get(probe, self._ok)
+        router.add_route("*", ADMIN_PREFIX + "faults", self._faults_collection)
+        router.add_delete(ADMIN_PREFIX + "faults/{id}", self._fault_delete)
+        router.add_post(ADMIN_PREFIX + "compact", self._compact)
+        router.add_route("*", "/{tail:.*}", self._api)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            response = await handler(request)
+        except KubeError as error:
+            response = json_response(error.status, error.code)
+        except web.HTTPException as error:
+            # aiohttp's own refusals (body too large, wrong method) in the API's words.
+            if error.status == 404:
+                refusal = errors.path_not_found()
+            elif error.status == 405:
+                refusal = errors.method_not_allowed()
+            else:
+                refusal = errors.from_code(error.status, error.reason)
+            response = json_response(refusal.status, refusal.code)
+        except Exception as error:
+            log.exception("request failed", extra={"method": request.method, "path": request.path})
+            failure = errors.internal(f"{type(error).__name__}: {error}")
+            response = json_response(failure.status, failure.code)
+        log.debug(
+            "request",
+            extra={
+                "method": request.method,
+                "path": request.path_qs,
+                "status": response.status,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return response
+
+    async def _ok(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _faults_collection(self, request: web.Request) -> web.Response:
+        if request.method == "GET":
+            return json_response({"rules": [rule.to_json() for rule in self.faults.rules()]})
+        if request.method == "POST":
+            try:
+                rule = self.faults.add_json(await _read_json(request))
+            except ValueError as error:
+                raise errors.bad_request(str(error)) from None
+            return json_response(rule.to_json(), 201)
+        if request.method == "DELETE":
+            self.faults.clear()
+            return json_response({"rules": []})
+        raise errors.method_not_allowed()
+
+    async def _fault_delete(self, request: web.Request) -> web.Response:
+        rule_id = request.match_info["id"]
+        if not rule_id.isdigit() or not self.faults.remove(int(rule_id)):
+            raise KubeError(errors.status_object(404, f"no fault rule {rule_id}"))
+        return json_response({"removed": int(rule_id)})
+
+    async def _compact(self, _request: web.Request) -> web.Response:
+        return json_response({"dropped": self.compact(), "revision": self.store.revision})
+
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            document = _discovery_document(request.path, request.host)
+            if document is not None:
+                return json_response(document)
+        target = paths.parse(request.path)
+        kind = None if target is None else BY_PATH.get((target.api_version, target.resource))
+        if target is None or kind is None:
+            raise errors.path_not_found()
+        if not kind.namespaced:
+            if target.namespace is not None:
+                raise errors.path_not_found()
+            namespace: str | None = ""
+        else:
+            namespace = target.namespace  # None: across all namespaces (collections only)
+            if namespace is None and target.name is not None:
+                raise errors.path_not_found()
+        if target.name is None:
+            return await self._collection(request, kind, namespace, target.watch_prefix)
+        assert namespace is not None
+        if target.watch_prefix:
+            name_selector = f"metadata.name={target.name}"
+            return await self._watch(request, kind, namespace, extra_fields=name_selector)
+        return await self._item(request, kind, namespace, target.name, target.subresource or "")
+
+    async def _collection(
+        self, request: web.Request, kind: ResourceKind, namespace: str | None, watch_prefix: bool
+    ) -> web.StreamResponse:
+        method = request.method
+        if method == "GET":
+            if watch_prefix or _flag(request.query.get("watch")):
+                return await self._watch(request, kind, namespace)
+            labels, fields = _selectors(request, kind)
+            return json_response(self.registry.list(kind, namespace, labels, fields))
+        if method == "POST" and namespace is not None:
+            body = await _read_object(request)
+            return json_response(await self.registry.create(kind, namespace, body), 201)
+        raise errors.method_not_allowed()
+
+    async def _item(
+        self, request: web.Request, kind: ResourceKind, namespace: str, name: str, subresource: str
+    ) -> web.Response:
+        method = request.method
+        if subresource == "binding" and kind is PODS:
+            if method != "POST":
+                raise errors.method_not_allowed()
+            return json_response(
+                self.registry.bind(namespace, name, await _read_object(request)), 201
+            )
+        if subresource not in ("", "status") or (subresource and not kind.has_status):
+            raise errors.path_not_found()
+        if method == "GET":
+            return json_response(self.registry.get(kind, namespace, name))
+        if method == "PUT":
+            body = await _read_object(request)
+            return json_response(
+                await self.registry.replace(kind, namespace, name, body, subresource)
+            )
+        if method == "PATCH":
+            patch_type = PATCH_CONTENT_TYPES.get(request.content_type)
+            if patch_type is None:
+                raise errors.unsupported_media_type(request.content_type)
+            patch = await _read_json(request)
+            return json_response(
+                await self.registry.patch(kind, namespace, name, patch_type, patch, subresource)
+            )
+        if method == "DELETE" and not subresource:
+            options = await _read_json(request) if request.can_read_body else None
+            if options is not None and not isinstance(options, dict):
+                raise errors.bad_request("DeleteOptions must be a JSON object")
+            return json_response(self.registry.delete(kind, namespace, name, options))
+        raise errors.method_not_allowed()
+
+    async def _watch(
+        self,
+        request: web.Request,
+        kind: ResourceKind,
+        namespace: str | None,
+        extra_fields: str = "",
+    ) -> web.StreamResponse:
+        query = request.query
+        labels, fields = _selectors(request, kind, extra_fields)
+        since = _resource_version(query.get("resourceVersion", ""))
+        timeout = _timeout_seconds(query.get("timeoutSeconds", ""))
+        options = watching.WatchOptions(
+            labels=labels,
+            fields=fields,
+            timeout_s=timeout,
+            bookmarks=_flag(query.get("allowWatchBookmarks")),
+            bookmark_interval_s=self.bookmark_interval_s,
+        )
+        try:
+            watcher = self.store.watch(kind.bucket, namespace, since)
+        except (TooOld, TooNew) as refusal:
+            # Like the API server: the watch itself opens (200), then says why in an ERROR event.
+            assert since is not None
+            status = (
+                errors.expired(str(refusal))
+                if isinstance(refusal, TooOld)
+                else errors.too_large_resource_version(since, self.store.revision)
+            ).status
+            response = await watching.start_stream(request)
+            await response.write(watching.event_line("ERROR", status))
+            await response.write_eof()
+            return response
+        try:
+            response = await watching.start_stream(request)
+        except BaseException:
+            watcher.close()
+            raise
+        await watching.serve(response, kind, self.store, watcher, options)
+        return response
+
+
+def _discovery_document(path: str, host: str) -> JSONDict | None:
+    """The discovery document at `path` (with or without a trailing slash, as clients vary)."""
+    parts = path.strip("/").split("/")
+    if parts == ["version"]:
+        return discovery.version()
+    if parts == ["api"]:
+        return discovery.core_versions(host)
+    if parts == ["apis"]:
+        return discovery.group_list()
+    if parts == ["api", "v1"]:
+        return discovery.resource_list("v1")
+    if len(parts) == 2 and parts[0] == "apis":
+        return discovery.group(parts[1])
+    if len(parts) == 3 and parts[0] == "apis":
+        return discovery.resource_list(f"{parts[1]}/{parts[2]}")
+    return None
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise errors.bad_request(f"couldn't get version/kind; json parse error: {error}") from None
+
+
+async def _read_object(request: web.Request) -> JSONDict:
+    body = await _read_json(request)
+    if not isinstance(body, dict):
+        raise errors.bad_request("the request body must be a JSON object")
+    return body
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+def _selectors(
+    request: web.Request, kind: ResourceKind, extra_fields: str = ""
+) -> tuple[LabelSelector, FieldSelector]:
+    field_text = ",".join(filter(None, (request.query.get("fieldSelector", ""), extra_fields)))
+    try:
+        labels = parse_label_selector(request.query.get("labelSelector", ""))
+        fields = parse_field_selector(field_text)
+        fields.check_supported(kind.supported_fields())
+    except SelectorError as error:
+        raise errors.bad_request(str(error)) from None
+    return labels, fields
+
+
+def _resource_version(text: str) -> int | None:
+    """A watch's starting revision; "" and "0" both mean "from the current state"."""
+    if text in ("", "0"):
+        return None
+    if not text.isdigit():
+        raise errors.bad_request(f'invalid resource version "{text}"')
+    return int(text)
+
+
+def _timeout_seconds(text: str) -> float | None:
+    if text == "":
+        return None
+    if not text.isdigit():
+        raise errors.bad_request(f'invalid timeoutSeconds "{text}"')
+    return float(text) or None

@@ -1,0 +1,121 @@
+"""Serving a watch: a store Watcher turned into the API server's newline-delimited event stream.
+
+Each line is {"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}. Selectors are
+applied to both sides of every change, as the watch cache does: an object that starts matching
+arrives as ADDED, and one that stops matching leaves as DELETED (its last matching state at the
+change's revision), so a selective watcher's view stays consistent with a selective list.
+A watch ends at timeoutSeconds (the client then re-watches from the last revision it saw), when
+the client goes away, or when the emulator stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from .objects import JSONDict, metadata
+from .registry import matches
+from .resources import ResourceKind
+from .selectors import FieldSelector, LabelSelector
+from .store import Change, Store, Watcher
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    labels: LabelSelector
+    fields: FieldSelector
+    timeout_s: float | None
+    """Server-side end of the watch (timeoutSeconds); None to run until the client leaves."""
+    bookmarks: bool
+    bookmark_interval_s: float
+    """How long a quiet watch waits before sending a BOOKMARK (when bookmarks are allowed)."""
+
+
+def event_line(event_type: str, obj: JSONDict) -> bytes:
+    return orjson.dumps({"type": event_type, "object": obj}) + b"\n"
+
+
+def visible_event(kind: ResourceKind, change: Change, options: WatchOptions) -> bytes | None:
+    """The line a watcher with these selectors sees for `change`, or None if it sees nothing."""
+    now_matches = matches(kind, change.object, options.labels, options.fields)
+    if change.type != "MODIFIED":
+        return event_line(change.type, kind.from_storage(change.object)) if now_matches else None
+    assert change.previous is not None
+    matched_before = matches(kind, change.previous, options.labels, options.fields)
+    if now_matches:
+        return event_line(
+            "MODIFIED" if matched_before else "ADDED", kind.from_storage(change.object)
+        )
+    if matched_before:
+        # Left the selection: DELETED, with the state it was last seen in, at this revision.
+        last_seen = dict(change.previous)
+        last_seen["metadata"] = {
+            **metadata(change.previous),
+            "resourceVersion": str(change.revision),
+        }
+        return event_line("DELETED", kind.from_storage(last_seen))
+    return None
+
+
+async def start_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    return response
+
+
+async def serve(
+    response: web.StreamResponse,
+    kind: ResourceKind,
+    store: Store,
+    watcher: Watcher,
+    options: WatchOptions,
+) -> None:
+    """Stream `watcher`'s changes into an already prepared response until the watch ends."""
+    loop = asyncio.get_running_loop()
+    deadline = None if options.timeout_s is None else loop.time() + options.timeout_s
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    change = await _next_or_bookmark(response, kind, store, watcher, options)
+                    if change is None:
+                        break  # the emulator is stopping
+                    line = visible_event(kind, change, options)
+                    if line is not None:
+                        await response.write(line)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; nothing left to tell it
+    finally:
+        watcher.close()
+
+
+async def _next_or_bookmark(
+    response: web.StreamResponse,
+    kind: ResourceKind,
+    store: Store,
+    watcher: Watcher,
+    options: WatchOptions,
+) -> Change | None:
+    if not options.bookmarks:
+        return await watcher.next()
+    while True:
+        try:
+            async with asyncio.timeout(options.bookmark_interval_s):
+                return await watcher.next()
+        except TimeoutError:
+            if watcher.pending():
+                continue
+            # Nothing is queued, so every change up to the store's revision has been delivered
+            # or filtered out: that revision is a safe place for the client to resume from.
+            bookmark = {
+                "kind": kind.kind,
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(store.revision)},
+            }
+            await response.write(event_line("BOOKMARK", bookmark))

@@ -1,0 +1,222 @@
+"""Raw-JSON Kubernetes calls the services make, with errors translated at this one edge.
+
+Responses are read as raw JSON (`_preload_content=False`) and handed to the core's parsers:
+the generated models would cost a deserialization per object and per watch event for fields
+nobody reads. Callers bound every call with `asyncio.timeout` (a write's budget is the caller's
+remaining deadline); a 409 becomes `Conflict`, a 404 `NotFound`, anything else `KubeError`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+
+class KubeError(Exception):
+    """An API call failed (status in `.status`, 0 when no HTTP answer came back)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Conflict(KubeError):
+    """409: the object changed since the resourceVersion the write was based on."""
+
+
+class NotFound(KubeError):
+    """404: the object does not exist (any more)."""
+
+
+class Gone(KubeError):
+    """410 on a watch: the resourceVersion is too old; list again."""
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def _call(coro_factory: Callable[[], Any], what: str) -> Any:
+    try:
+        response = await coro_factory()
+        try:
+            if response.status >= 400:
+                body = await response.read()
+                _raise_for(response.status, body, what)
+            return orjson.loads(await response.read())
+        finally:
+            response.release()
+    except ApiException as exc:
+        _raise_for(
+            exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str) else b"", what
+        )
+        raise  # pragma: no cover - _raise_for always raises
+    except aiohttp.ClientError as exc:
+        raise KubeError(f"{what}: {exc}") from exc
+
+
+def _raise_for(status: int, body: bytes, what: str) -> None:
+    message = ""
+    try:
+        message = orjson.loads(body).get("message", "")
+    except (orjson.JSONDecodeError, AttributeError):
+        message = body.decode(errors="replace")[:200]
+    text = f"{what}: {status} {message}".strip()
+    if status == 409:
+        raise Conflict(text, status)
+    if status == 404:
+        raise NotFound(text, status)
+    if status == 410:
+        raise Gone(text, status)
+    raise KubeError(text, status)
+
+
+class Kube:
+    """The calls numafit makes, over one ApiClient."""
+
+    def __init__(self, api: client.ApiClient, component: str) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.component = component
+
+    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        body = await _call(
+            lambda: self.core.list_pod_for_all_namespaces(_preload_content=False),
+            "list pods",
+        )
+        return body.get("items") or [], body.get("metadata", {}).get("resourceVersion", "")
+
+    async def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        body = await _call(lambda: self.core.list_node(_preload_content=False), "list nodes")
+        return body.get("items") or [], body.get("metadata", {}).get("resourceVersion", "")
+
+    async def list_resource_quotas(self) -> list[dict[str, Any]]:
+        body = await _call(
+            lambda: self.core.list_resource_quota_for_all_namespaces(_preload_content=False),
+            "list resourcequotas",
+        )
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        body: dict[str, Any] = await _call(
+            lambda: self.core.read_namespaced_pod(name, namespace, _preload_content=False),
+            f"get pod {namespace}/{name}",
+        )
+        return body
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+        labels: Mapping[str, str | None] | None = None,
+    ) -> dict[str, Any]:
+        """One JSON merge patch; `resource_version` is the optimistic-lock precondition."""
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        if labels:
+            metadata["labels"] = dict(labels)
+        body: dict[str, Any] = await _call(
+            lambda: self.core.patch_namespaced_pod(  # type: ignore[call-arg]
+                name,
+                namespace,
+                {"metadata": metadata},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            ),
+            f"patch pod {namespace}/{name}",
+        )
+        return body
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = await _call(
+            lambda: self.core.patch_node(  # type: ignore[call-arg]
+                name,
+                {"metadata": {"annotations": dict(annotations)}},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            ),
+            f"patch node {name}",
+        )
+        return body
+
+    async def create_event(
+        self,
+        involved: Mapping[str, str],
+        event_type: str,
+        reason: str,
+        message: str,
+    ) -> None:
+        """A core/v1 Event on a pod (legacy form: first/last timestamp, count 1)."""
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = involved["namespace"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{involved['name']}.{uuid.uuid4().hex[:16]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": involved["name"],
+                "uid": involved.get("uid", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await _call(
+            lambda: self.core.create_namespaced_event(
+                namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+            ),
+            f"create event on {namespace}/{involved['name']}",
+        )
+
+    async def watch(
+        self, kind: str, resource_version: str, timeout_seconds: int = 300
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Raw watch events (type, object) from `resource_version`; raises Gone on 410."""
+        lister: Callable[..., Any] = (
+            self.core.list_pod_for_all_namespaces if kind == "pods" else self.core.list_node
+        )
+        response = await lister(
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+        )
+        try:
+            if response.status >= 400:
+                _raise_for(response.status, await response.read(), f"watch {kind}")
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = orjson.loads(line)
+                kind_of = event.get("type", "")
+                obj = event.get("object") or {}
+                if kind_of == "ERROR":
+                    _raise_for(int(obj.get("code", 500)), orjson.dumps(obj), f"watch {kind}")
+                yield kind_of, obj
+        finally:
+            response.release()

@@ -1,0 +1,59 @@
+"""Structured logs: one JSON object per line (or readable text), fields passed via `extra`.
+
+log.info("refit refused", extra={"pod": "ml/train", "code": "no_fit"})
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        body.update(_fields(record))
+        if record.exc_info:
+            body["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(body, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={v}" for k, v in _fields(record).items())
+        line = f"{record.levelname.lower():<7} {record.name}: {record.getMessage()}"
+        text = f"{line} {fields}" if fields else line
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Library chatter stays at warning unless debugging.
+    for noisy in ("aiohttp.access", "nats", "kubernetes_asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if level != "debug" else logging.DEBUG)

@@ -1,0 +1,89 @@
+"""The run loop every service shares.
+
+health server up -> NATS and Kubernetes clients -> service.start() -> wait for SIGTERM ->
+readiness fails, service.stop(grace) finishes in-flight work -> NATS drained -> clients closed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from shared.service import natsconn
+from shared.service.health import HealthServer, Readiness
+from shared.service.kube import api_client
+from shared.service.kube_io import Kube
+from shared.service.lifecycle import stop_on_signals
+from shared.service.logs import configure_logging
+from shared.service.settings import CommonSettings
+
+log = logging.getLogger("numafit")
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+
+Factory = Callable[[Client, Kube, CollectorRegistry, Readiness], Awaitable[Service] | Service]
+
+
+async def serve(
+    name: str,
+    settings: CommonSettings,
+    factory: Factory,
+    readiness: Readiness,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run one service until `stop` is set (by SIGTERM/SIGINT when not given)."""
+    registry = CollectorRegistry(auto_describe=True)
+    health = HealthServer(registry, readiness, settings.metrics_host, settings.metrics_port)
+    await health.start()
+    if stop is None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+    log.info("starting", extra={"service": name, "metrics_port": health.port})
+    reconnect_hooks: list[natsconn.ReconnectHook] = []
+    nc = await natsconn.connect(settings.nats_url, name, on_reconnect=reconnect_hooks)
+    api = await api_client(settings.kubeconfig)
+    try:
+        made = factory(nc, Kube(api, name), registry, readiness)
+        service = await made if isinstance(made, Awaitable) else made
+        hook = getattr(service, "on_reconnect", None)
+        if hook is not None:
+            reconnect_hooks.append(hook)
+        await service.start()
+        await stop.wait()
+        log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
+        await service.stop(settings.grace_seconds)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        await api.close()
+        await health.stop()
+        log.info("stopped", extra={"service": name})
+
+
+def run(coro: Awaitable[None], log_level: str, log_format: str) -> int:
+    configure_logging(log_level, log_format)
+    try:
+        asyncio.run(_main(coro))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        log.error(
+            "service failed", extra={"error": str(exc)}, exc_info=log.isEnabledFor(logging.DEBUG)
+        )
+        return 1
+    return 0
+
+
+async def _main(coro: Awaitable[None]) -> None:
+    await coro

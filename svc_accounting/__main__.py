@@ -1,0 +1,71 @@
+"""`numafit run accounting` / `python -m svc_accounting`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from shared.service.health import Readiness
+from shared.service.kube_io import Kube
+from shared.service.runner import run, serve
+from shared.service.settings import add_common_arguments, common_from_args
+from svc_accounting.metrics import AccountingMetrics
+from svc_accounting.service import AccountingService
+
+
+def build_parser(prog: str = "numafit run accounting") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "The accounting service: owns every per-pod GPU reservation, is the only writer of "
+            "the allocation annotations, rebuilds its ledger from them on start, and serves "
+            "reserve / bind-phase / move / consume / pending / snapshot / register on "
+            "numafit.accounting.v1.<op>.<node>, publishing usage on numafit.usage.v1.<node>."
+        ),
+    )
+    add_common_arguments(parser, default_metrics_port=9102)
+    parser.add_argument(
+        "--write-timeout",
+        type=float,
+        default=2.0,
+        help="longest an API write may take, in seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--quota-resync-seconds",
+        type=float,
+        default=30.0,
+        help="how often ResourceQuota limits are re-read (default %(default)s)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "numafit run accounting") -> int:
+    args = build_parser(prog).parse_args(argv)
+    settings = common_from_args(args)
+    readiness = Readiness("ledger", "nats")
+
+    def factory(
+        nc: Client, kube: Kube, registry: CollectorRegistry, ready: Readiness
+    ) -> AccountingService:
+        return AccountingService(
+            nc,
+            kube,
+            metrics=AccountingMetrics(registry),
+            readiness=ready,
+            quota_resync_seconds=args.quota_resync_seconds,
+            write_timeout=args.write_timeout,
+        )
+
+    return run(
+        serve("numafit-accounting", settings, factory, readiness),
+        settings.log_level,
+        settings.log_format,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m svc_accounting"))

@@ -1,0 +1,220 @@
+"""The accounting ledger: every tracked pod per node, a revision per node, namespace quota.
+
+Pure state (no I/O): the service applies a change here only after the Kubernetes write that
+makes it durable has landed, and every change of a node bumps that node's revision so optimistic
+callers (scheduler, refit) can tell whether their decision is still current.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core import codec, keys
+from shared.core.accounting import TrackedPod, node_snapshot, track_pod
+from shared.core.model import DeviceInfo, NodeSnapshot
+from shared.core.pods import PodInfo
+from shared.core.quota import QuotaLedger, QuotaLimit
+from shared.ledger_wire import NodeState
+
+
+def newer(candidate: str, known: str) -> bool:
+    """Is resourceVersion `candidate` newer than `known`? RVs are opaque, but etcd's (and the
+    emulator's) are integers; when either is not, treat the candidate as newer."""
+    if not known:
+        return True
+    if candidate.isdigit() and known.isdigit():
+        return int(candidate) > int(known)
+    return candidate != known
+
+
+@dataclass
+class NodeLedger:
+    """One node's devices, tracked pods and revision; its snapshot is kept current."""
+
+    name: str
+    devices: tuple[DeviceInfo, ...] | None = None
+    cordoned: frozenset[str] = frozenset()
+    revision: int = 0
+    pods: dict[str, TrackedPod] = field(default_factory=dict)
+    _snapshot: NodeSnapshot | None = None
+
+    def changed(self) -> None:
+        self.revision += 1
+        self._snapshot = None
+
+    @property
+    def snapshot(self) -> NodeSnapshot | None:
+        """Usage of every tracked pod on the registered devices (None when unregistered)."""
+        if self.devices is None:
+            return None
+        if self._snapshot is None:
+            self._snapshot = node_snapshot(
+                self.name, self.devices, self.cordoned, self.pods.values()
+            )
+        return self._snapshot
+
+    def state(self) -> NodeState:
+        return NodeState(
+            self.name, self.revision, self.devices, self.cordoned, tuple(self.pods.values())
+        )
+
+    def usage_table(self) -> dict[str, dict[str, int]]:
+        snapshot = self.snapshot
+        return snapshot.usage_table() if snapshot is not None else {}
+
+
+@dataclass
+class Ledger:
+    """All nodes and the namespace quota; `epoch` changes on every start so readers that cached
+    revisions of an earlier run know to take a fresh snapshot."""
+
+    epoch: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    nodes: dict[str, NodeLedger] = field(default_factory=dict)
+    pod_node: dict[str, str] = field(default_factory=dict)
+    quota: QuotaLedger = field(default_factory=QuotaLedger)
+
+    def node(self, name: str) -> NodeLedger:
+        ledger = self.nodes.get(name)
+        if ledger is None:
+            ledger = self.nodes[name] = NodeLedger(name)
+        return ledger
+
+    def tracked(self, uid: str) -> TrackedPod | None:
+        node = self.pod_node.get(uid)
+        return None if node is None else self.nodes[node].pods.get(uid)
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def set_node(self, name: str, annotations: dict[str, str]) -> bool:
+        """Apply a Node object's register and cordon annotations; True when anything changed.
+        A register annotation that does not parse leaves the node unregistered (refusing all
+        fits) rather than guessing."""
+        ledger = self.node(name)
+        register = annotations.get(keys.NODE_REGISTER)
+        try:
+            devices = codec.parse_register(register) if register is not None else None
+        except ValueError:
+            devices = None
+        cordoned = codec.parse_uuid_list(annotations.get(keys.DEVICE_CORDON))
+        if (devices, cordoned) == (ledger.devices, ledger.cordoned):
+            return False
+        ledger.devices, ledger.cordoned = devices, cordoned
+        ledger.changed()
+        return True
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def observe(self, pod: PodInfo) -> set[str]:
+        """Apply a pod as the API server shows it (list, watch or a write's response).
+
+        Adopts pods with a reservation, refreshes known ones, shrinks a pod to its steady state
+        once its init phase is released (the flag never goes back), and releases terminal
+        pods. Returns the nodes whose ledger changed.
+        """
+        old = self.tracked(pod.uid)
+        if old is not None and not newer(pod.resource_version, old.pod.resource_version):
+            return set()  # a stale event must never undo a newer write
+        released = (old is not None and old.released) or pod.init_released()
+        entry = None if pod.deleting and pod.terminal else track_pod(pod, released=released)
+        changed: set[str] = set()
+        if old is not None and (entry is None or entry.node != old.node):
+            changed |= self._remove(old)
+        if entry is None:
+            return changed
+        if old is not None and entry.node == old.node and _same_reservation(old, entry):
+            # Nothing the ledger counts changed: keep the newer object, no new revision.
+            self.nodes[entry.node].pods[entry.uid] = entry
+            return changed
+        if old is not None and entry.node == old.node:
+            self.quota.remove(old.pod.namespace, old.usage)
+        self._add(entry)
+        changed.add(entry.node)
+        return changed
+
+    def forget(self, uid: str) -> set[str]:
+        """The pod was deleted: release its reservation."""
+        old = self.tracked(uid)
+        return set() if old is None else self._remove(old)
+
+    def _add(self, entry: TrackedPod) -> None:
+        node = self.node(entry.node)
+        node.pods[entry.uid] = entry
+        node.changed()
+        self.pod_node[entry.uid] = entry.node
+        self.quota.add(entry.pod.namespace, entry.usage)
+
+    def _remove(self, old: TrackedPod) -> set[str]:
+        node = self.nodes[old.node]
+        del node.pods[old.uid]
+        node.changed()
+        del self.pod_node[old.uid]
+        self.quota.remove(old.pod.namespace, old.usage)
+        return {old.node}
+
+    def set_quota_limits(self, limits: dict[str, QuotaLimit]) -> None:
+        self.quota.limits = dict(limits)
+
+    def pods(self) -> Iterator[TrackedPod]:
+        for node in self.nodes.values():
+            yield from node.pods.values()
+
+
+def _same_reservation(a: TrackedPod, b: TrackedPod) -> bool:
+    return (
+        a.allocated == b.allocated
+        and a.to_allocate == b.to_allocate
+        and a.released == b.released
+        and a.pod.annotations.get(keys.BIND_PHASE) == b.pod.annotations.get(keys.BIND_PHASE)
+    )
+
+
+def pending_pod(node: NodeLedger) -> TrackedPod | None:
+    """The pod this node must allocate next: bind-phase `allocating`, still Pending, with a
+    non-empty to-allocate entry; the oldest bind (then schedule) time first, as kubelet admits
+    pods in the order they were bound."""
+    candidates = [
+        p
+        for p in node.pods.values()
+        if p.pod.annotations.get(keys.BIND_PHASE) == keys.PHASE_ALLOCATING
+        and p.pod.phase == "Pending"
+        and p.pending_rows is not None
+        and any(p.pending_rows)
+    ]
+    if not candidates:
+        return None
+
+    def order(p: TrackedPod) -> tuple[int, int, str]:
+        return (
+            _int(p.pod.annotations.get(keys.BIND_TIME)),
+            _int(p.pod.annotations.get(keys.VGPU_TIME)),
+            p.uid,
+        )
+
+    return min(candidates, key=order)
+
+
+def _int(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
+
+
+def pending_entries(tracked: TrackedPod) -> list[dict[str, Any]]:
+    """The non-empty to-allocate entries with their container positions and names."""
+    rows = tracked.pending_rows or ()
+    names = [c.name for c in tracked.pod.containers]
+    return [
+        {
+            "index": i,
+            "containerName": names[i] if i < len(names) else "",
+            "devices": codec.encode_container(entry),
+        }
+        for i, entry in enumerate(rows)
+        if entry and i < len(names)
+    ]
+
+
+def iter_usage(nodes: Iterable[NodeLedger]) -> Iterator[tuple[str, int, dict[str, dict[str, int]]]]:
+    for node in nodes:
+        yield node.name, node.revision, node.usage_table()

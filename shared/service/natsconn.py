@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +19,7 @@ async def connect(
     name: str,
     *,
     connect_timeout: float = 2.0,
+    initial_timeout: float = 30.0,
     on_reconnect: list[ReconnectHook] | None = None,
 ) -> Client:
     """Connect, then reconnect forever; `on_reconnect` hooks (the list may grow after connect)
@@ -38,8 +40,24 @@ async def connect(
     async def error(exc: Exception) -> None:
         log.warning("nats error", extra={"client": name, "error": str(exc)})
 
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    try:
+        async with asyncio.timeout(initial_timeout):
+            return await _connect(servers, name, connect_timeout, disconnected, reconnected, error)
+    except TimeoutError as exc:
+        raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
+
+
+async def _connect(
+    servers: list[str],
+    name: str,
+    connect_timeout: float,
+    disconnected: Callable[[], Awaitable[None]],
+    reconnected: Callable[[], Awaitable[None]],
+    error: Callable[[Exception], Awaitable[None]],
+) -> Client:
     return await nats.connect(
-        servers=[u.strip() for u in url.split(",") if u.strip()],
+        servers=servers,
         name=name,
         connect_timeout=connect_timeout,
         allow_reconnect=True,

@@ -51,9 +51,16 @@ async def serve(
         stop_on_signals(stop)
     log.info("starting", extra={"service": name, "metrics_port": health.port})
     reconnect_hooks: list[natsconn.ReconnectHook] = []
-    nc = await natsconn.connect(settings.nats_url, name, on_reconnect=reconnect_hooks)
-    api = await api_client(settings.kubeconfig)
+    nc: Client | None = None
+    api = None
     try:
+        nc = await natsconn.connect(
+            settings.nats_url,
+            name,
+            initial_timeout=settings.nats_connect_timeout,
+            on_reconnect=reconnect_hooks,
+        )
+        api = await api_client(settings.kubeconfig)
         made = factory(nc, Kube(api, name), registry, readiness)
         service = await made if isinstance(made, Awaitable) else made
         hook = getattr(service, "on_reconnect", None)
@@ -64,9 +71,11 @@ async def serve(
         log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
         await service.stop(settings.grace_seconds)
     finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        await api.close()
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.drain()
+        if api is not None:
+            await api.close()
         await health.stop()
         log.info("stopped", extra={"service": name})
 

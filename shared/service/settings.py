@@ -21,6 +21,8 @@ class CommonSettings:
     """`json` (one object per line) or `text`."""
     grace_seconds: float
     """How long SIGTERM waits for in-flight requests before closing."""
+    nats_connect_timeout: float = 30.0
+    """How long the first NATS connection may take before the service gives up (exit 1)."""
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: int) -> None:
@@ -66,6 +68,17 @@ def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: 
         default=float(env.get("NUMAFIT_GRACE_SECONDS", "10")),
         help="on SIGTERM, how long to finish in-flight requests (default %(default)s)",
     )
+    _add_connect_timeout(group)
+
+
+def _add_connect_timeout(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--nats-connect-timeout",
+        type=float,
+        default=float(os.environ.get("NUMAFIT_NATS_CONNECT_TIMEOUT", "30")),
+        help="seconds to wait for the first NATS connection before exiting 1 (default "
+        "%(default)s); later disconnects are retried forever",
+    )
 
 
 def common_from_args(args: argparse.Namespace) -> CommonSettings:
@@ -77,4 +90,5 @@ def common_from_args(args: argparse.Namespace) -> CommonSettings:
         log_level=args.log_level,
         log_format=args.log_format,
         grace_seconds=args.grace_seconds,
+        nats_connect_timeout=args.nats_connect_timeout,
     )

@@ -418,3 +418,27 @@ async def test_emulator_kubeconfig_works_for_cli_services(tmp_path: Path) -> Non
             assert items == [] and rv
         finally:
             await api.close()
+
+
+async def test_refit_racing_a_consume_loses_cleanly(nats_url: str, tmp_path: Path) -> None:
+    node_obj, pod_obj = worked_objects()
+    async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
+        created = await h.pod("ml", "train")
+        uid = created["metadata"]["uid"]
+        # Allocate (kubelet kept GPU-a) is mid-write when the refit arrives.
+        h.emulator.faults.add(method="PATCH", path_regex=r"/pods/train$", delay_s=0.3, times=1)
+        consume = asyncio.create_task(
+            h.client.call("consume", "node-1", {"podUID": uid, "devices": ["GPU-a"]})
+        )
+        await wait_for(lambda: not h.emulator.faults.rules())
+        reply = await h.refit_request(request_for(created, 1, ["GPU-b"]))
+        consumed = await consume
+        assert consumed["ok"] and consumed["containerDevices"] == "GPU-a,NVIDIA,20000,30:"
+        # The refit decided on the state before the consume, lost the revision race, recomputed
+        # and found nothing left to move: no write of its own, nothing of the consume lost.
+        assert reply["code"] == "nothing_pending"
+        assert h.refit is not None
+        assert h.refit.metrics.commit_attempts.labels("conflict")._value.get() == 1
+        final = await annotations(h, "ml", "train")
+        assert final[keys.TO_ALLOCATE] == ";;"
+        assert final[keys.ALLOCATED] == created["metadata"]["annotations"][keys.ALLOCATED]

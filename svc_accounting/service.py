@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +25,7 @@ from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
 from shared.service import kube_io
 from shared.service.health import Readiness
+from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
 from shared.wire import WireError, dumps, loads_object
 from svc_accounting.ledger import Ledger, NodeLedger
@@ -61,9 +61,7 @@ class AccountingService:
         self.quota_resync_seconds = quota_resync_seconds
         self._service: Service | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.inflight = InFlight()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -103,9 +101,7 @@ class AccountingService:
         if self._service is not None:
             await self._service.stop()
             self._service = None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
+        await self.inflight.wait_idle(grace)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -237,43 +233,37 @@ class AccountingService:
 
     def _handler(self, op: str) -> Any:
         async def handle(request: Request) -> None:
-            self._inflight += 1
-            self._idle.clear()
-            started = time.perf_counter()
-            try:
-                try:
-                    body = loads_object(request.data, f"{op} request")
-                except WireError as exc:
-                    reply = {"ok": False, "code": "invalid_request", "error": str(exc)}
-                    outcome_changed: set[str] = set()
-                else:
-                    outcome = await self.ops.handle(op, subjects.last_token(request.subject), body)
-                    reply, outcome_changed = outcome.reply, outcome.changed
-                if outcome_changed:
-                    await self.publish(
-                        self.ledger.nodes[n] for n in outcome_changed if n in self.ledger.nodes
-                    )
-                self.metrics.commits.labels(op, reply["code"]).inc()
-                if not reply["ok"]:
-                    log.info(
-                        "accounting refused",
-                        extra={"op": op, "code": reply["code"], "error": reply.get("error")},
-                    )
-                await request.respond(dumps(reply))
-            except Exception:
-                log.exception("accounting operation failed", extra={"op": op})
-                self.metrics.commits.labels(op, "internal_error").inc()
-                with contextlib.suppress(Exception):
-                    await request.respond(
-                        dumps({"ok": False, "code": "api_error", "error": "internal error"})
-                    )
-            finally:
-                log.debug("op done", extra={"op": op, "ms": (time.perf_counter() - started) * 1e3})
-                self._inflight -= 1
-                if self._inflight == 0:
-                    self._idle.set()
+            with self.inflight.track():
+                await self._serve(op, request)
 
         return handle
+
+    async def _serve(self, op: str, request: Request) -> None:
+        try:
+            try:
+                body = loads_object(request.data, f"{op} request")
+            except WireError as exc:
+                reply = {"ok": False, "code": "invalid_request", "error": str(exc)}
+                changed: set[str] = set()
+            else:
+                outcome = await self.ops.handle(op, subjects.last_token(request.subject), body)
+                reply, changed = outcome.reply, outcome.changed
+            if changed:
+                await self.publish(self.ledger.nodes[n] for n in changed if n in self.ledger.nodes)
+            self.metrics.commits.labels(op, reply["code"]).inc()
+            if not reply["ok"]:
+                log.info(
+                    "accounting refused",
+                    extra={"op": op, "code": reply["code"], "error": reply.get("error")},
+                )
+            await request.respond(dumps(reply))
+        except Exception:
+            log.exception("accounting operation failed", extra={"op": op})
+            self.metrics.commits.labels(op, "internal_error").inc()
+            with contextlib.suppress(Exception):
+                await request.respond(
+                    dumps({"ok": False, "code": "api_error", "error": "internal error"})
+                )
 
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()

@@ -35,6 +35,7 @@ from shared.core.refit import (
 )
 from shared.service import kube_io
 from shared.service.health import Readiness
+from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.wire import WireError, dumps, loads_object
@@ -66,9 +67,7 @@ class RefitService:
         self.read_model = ReadModel(nc, self.accounting)
         self._service: Service | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.inflight = InFlight()
 
     async def start(self) -> None:
         await self.read_model.start()
@@ -94,9 +93,7 @@ class RefitService:
         if self._service is not None:
             await self._service.stop()
             self._service = None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
+        await self.inflight.wait_idle(grace)
         await self.read_model.stop()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
@@ -105,30 +102,22 @@ class RefitService:
     # --- one request ------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> None:
-        self._inflight += 1
-        self._idle.clear()
-        started = time.perf_counter()
-        mode = "unknown"
-        try:
-            reply, mode, event_for = await self._decide(request)
-            await request.respond(dumps(reply))
-            self.metrics.requests.labels(reply["code"], mode).inc()
-            if event_for is not None:
-                self._record_event(*event_for)
-        except Exception:
-            log.exception("refit failed unexpectedly")
-            self.metrics.requests.labels("api_error", mode).inc()
-            with contextlib.suppress(Exception):
-                await request.respond(
-                    dumps(
-                        {"succeeded": False, "code": "api_error", "failureReason": "internal error"}
-                    )
-                )
-        finally:
-            self.metrics.duration.observe(time.perf_counter() - started)
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
+        with self.inflight.track():
+            started = time.perf_counter()
+            mode = "unknown"
+            try:
+                reply, mode, event_for = await self._decide(request)
+                await request.respond(dumps(reply))
+                self.metrics.requests.labels(reply["code"], mode).inc()
+                if event_for is not None:
+                    self._record_event(*event_for)
+            except Exception:
+                log.exception("refit failed unexpectedly")
+                self.metrics.requests.labels("api_error", mode).inc()
+                with contextlib.suppress(Exception):
+                    await request.respond(dumps(_failed(Code.API_ERROR, "internal error").reply()))
+            finally:
+                self.metrics.duration.observe(time.perf_counter() - started)
 
     async def _decide(
         self, request: Request

@@ -124,6 +124,12 @@ def _run_refit(argv: list[str]) -> int:
     return run_main(argv, prog="numafit run refit")
 
 
+def _run_deviceplugin(argv: list[str]) -> int:
+    from svc_deviceplugin.__main__ import main as run_main
+
+    return run_main(argv, prog="numafit run deviceplugin")
+
+
 def _run_kube_emulator(argv: list[str]) -> int:
     from shared.kube_emulator.cli import main as run_main
 
@@ -139,6 +145,7 @@ def _run_kubelet_emulator(argv: list[str]) -> int:
 RUN_TARGETS: dict[str, Callable[[list[str]], int]] = {
     "accounting": _run_accounting,
     "refit": _run_refit,
+    "deviceplugin": _run_deviceplugin,
     "kube-emulator": _run_kube_emulator,
     "kubelet-emulator": _run_kubelet_emulator,
 }

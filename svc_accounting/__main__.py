@@ -49,8 +49,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run accounting"
     readiness = Readiness("ledger", "nats")
 
     def factory(
-        nc: Client, kube: Kube, registry: CollectorRegistry, ready: Readiness
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
     ) -> AccountingService:
+        assert kube is not None
         return AccountingService(
             nc,
             kube,

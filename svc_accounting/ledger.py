@@ -196,6 +196,21 @@ def pending_pod(node: NodeLedger) -> TrackedPod | None:
     return min(candidates, key=order)
 
 
+NODE_LOCK_EXPIRY_SECONDS = 300
+"""A pod still `allocating` after this long no longer blocks its node (HAMi's lock expiry)."""
+
+
+def allocating_pod(node: NodeLedger, now: int, exclude: str = "") -> TrackedPod | None:
+    """Another pod of the node that is being allocated (bound, entries still pending)."""
+    candidate = pending_pod(
+        NodeLedger(node.name, pods={u: p for u, p in node.pods.items() if u != exclude})
+    )
+    if candidate is None:
+        return None
+    bound = _int(candidate.pod.annotations.get(keys.BIND_TIME))
+    return candidate if now - bound < NODE_LOCK_EXPIRY_SECONDS else None
+
+
 def _int(text: str | None) -> int:
     return int(text) if text is not None and text.isdigit() else 0
 

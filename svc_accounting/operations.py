@@ -28,7 +28,13 @@ from shared.service import kube_io
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.wire import Reader, WireError
-from svc_accounting.ledger import Ledger, NodeLedger, pending_entries, pending_pod
+from svc_accounting.ledger import (
+    Ledger,
+    NodeLedger,
+    allocating_pod,
+    pending_entries,
+    pending_pod,
+)
 
 log = logging.getLogger("numafit.accounting")
 
@@ -212,7 +218,17 @@ class Operations:
             raise Refused("invalid_request", f"phase must be one of {', '.join(allowed)}")
         annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
         if phase == keys.PHASE_ALLOCATING:
-            annotations[keys.BIND_TIME] = str(int(time.time()))
+            now = int(time.time())
+            busy = allocating_pod(node, now, exclude=tracked.uid)
+            if busy is not None:
+                # HAMi's node lock: one pod allocates at a time, so the plugin's `pending`
+                # always names the pod kubelet is admitting.
+                raise Refused(
+                    "conflict",
+                    f"node {name} is still allocating pod {busy.pod.key}; bind again once it "
+                    "is admitted",
+                )
+            annotations[keys.BIND_TIME] = str(now)
         changed = await self._patch_pod(tracked.pod, annotations, self._budget(r))
         return Outcome(self._base(node), changed)
 
@@ -284,7 +300,11 @@ class Operations:
         reply = self._base(node)
         reply.update(
             {
+                "podUID": tracked.pod.uid,
+                "podNamespace": tracked.pod.namespace,
+                "podName": tracked.pod.name,
                 "containerIndex": plan.index,
+                "containerName": tracked.pod.containers[plan.index].name,
                 "containerDevices": codec.encode_container(plan.allocated_entry),
                 "drifted": plan.drifted,
                 "bindPhase": plan.annotations.get(keys.BIND_PHASE, ""),

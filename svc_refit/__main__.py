@@ -45,8 +45,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run refit") -> 
     readiness = Readiness("nats")
 
     def factory(
-        nc: Client, kube: Kube, registry: CollectorRegistry, ready: Readiness
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
     ) -> RefitService:
+        assert kube is not None
         return RefitService(
             nc, kube, config=config, metrics=RefitMetrics(registry), readiness=ready
         )

@@ -220,3 +220,37 @@ class Kube:
                 yield kind_of, obj
         finally:
             response.release()
+
+    async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST pods/<name>/binding: place the pod on `node` (the scheduler's last step).
+
+        Raw JSON: kubernetes-asyncio deserializes the returned Status as a V1Binding and raises
+        after a successful bind (ecosystem.md section 6). `uid` is a precondition: a pod
+        recreated under the same name is never bound by mistake.
+        """
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await _call(
+            lambda: self.core.create_namespaced_pod_binding(
+                name,
+                namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+            ),
+            f"bind pod {namespace}/{name} to {node}",
+        )
+
+    async def list_namespaced_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        body = await _call(
+            lambda: self.core.list_namespaced_resource_quota(namespace, _preload_content=False),
+            f"list resourcequotas in {namespace}",
+        )
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items

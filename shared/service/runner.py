@@ -32,7 +32,9 @@ class Service(Protocol):
     async def stop(self, grace: float) -> None: ...
 
 
-Factory = Callable[[Client, Kube, CollectorRegistry, Readiness], Awaitable[Service] | Service]
+Factory = Callable[
+    [Client, Kube | None, CollectorRegistry, Readiness], Awaitable[Service] | Service
+]
 
 
 async def serve(
@@ -41,8 +43,11 @@ async def serve(
     factory: Factory,
     readiness: Readiness,
     stop: asyncio.Event | None = None,
+    *,
+    use_kube: bool = True,
 ) -> None:
-    """Run one service until `stop` is set (by SIGTERM/SIGINT when not given)."""
+    """Run one service until `stop` is set (by SIGTERM/SIGINT when not given). `use_kube`
+    False: the service gets no Kubernetes client at all (the device plugin)."""
     registry = CollectorRegistry(auto_describe=True)
     health = HealthServer(registry, readiness, settings.metrics_host, settings.metrics_port)
     await health.start()
@@ -60,8 +65,9 @@ async def serve(
             initial_timeout=settings.nats_connect_timeout,
             on_reconnect=reconnect_hooks,
         )
-        api = await api_client(settings.kubeconfig)
-        made = factory(nc, Kube(api, name), registry, readiness)
+        if use_kube:
+            api = await api_client(settings.kubeconfig)
+        made = factory(nc, Kube(api, name) if api is not None else None, registry, readiness)
         service = await made if isinstance(made, Awaitable) else made
         hook = getattr(service, "on_reconnect", None)
         if hook is not None:

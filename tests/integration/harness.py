@@ -114,7 +114,11 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    nats_url: str, tmp_path: Path, objects: list[tuple[str, dict[str, Any]]]
+    nats_url: str,
+    tmp_path: Path,
+    objects: list[tuple[str, dict[str, Any]]],
+    *,
+    with_refit: bool = True,
 ) -> AsyncIterator[Harness]:
     """Create `objects` in the emulator first (so accounting rebuilds from them), then start."""
     async with KubeEmulator() as emulator:
@@ -126,8 +130,9 @@ async def harness(
                 await h.create(kind, obj)
             h.client_nc = await h._nats("test-client")
             await h.start_accounting()
-            h.refit = RefitService(await h._nats("refit"), await h._kube("numafit-refit"))
-            await h.refit.start()
+            if with_refit:
+                h.refit = RefitService(await h._nats("refit"), await h._kube("numafit-refit"))
+                await h.refit.start()
             yield h
         finally:
             await h.stop()

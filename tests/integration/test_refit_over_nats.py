@@ -442,3 +442,34 @@ async def test_refit_racing_a_consume_loses_cleanly(nats_url: str, tmp_path: Pat
         final = await annotations(h, "ml", "train")
         assert final[keys.TO_ALLOCATE] == ";;"
         assert final[keys.ALLOCATED] == created["metadata"]["annotations"][keys.ALLOCATED]
+
+
+async def test_one_pod_allocates_per_node_at_a_time(nats_url: str, tmp_path: Path) -> None:
+    nodes = node("node-1", [gpu("GPU-a", 1), gpu("GPU-b", 0)])
+    pods = [
+        pod(
+            n,
+            containers=[container("app", 1, 1000)],
+            namespace="ml",
+            allocated="GPU-a,NVIDIA,1000,0:;",
+        )
+        for n in ("one", "two")
+    ]
+    async with harness(
+        nats_url, tmp_path, [("node", nodes)] + [("pod", for_create(p)) for p in pods]
+    ) as h:
+        one, two = (
+            (await h.pod("ml", "one"))["metadata"]["uid"],
+            (await h.pod("ml", "two"))["metadata"]["uid"],
+        )
+        assert (
+            await h.client.call("bind-phase", "node-1", {"podUID": one, "phase": "allocating"})
+        )["ok"]
+        busy = await h.client.call("bind-phase", "node-1", {"podUID": two, "phase": "allocating"})
+        assert busy["code"] == "conflict" and "still allocating pod ml/one" in busy["error"]
+        assert (await h.client.call("consume", "node-1", {"podUID": one, "devices": ["GPU-a"]}))[
+            "ok"
+        ]
+        assert (
+            await h.client.call("bind-phase", "node-1", {"podUID": two, "phase": "allocating"})
+        )["ok"]

@@ -1,0 +1,71 @@
+"""Kubelet replica IDs <-> physical GPUs, and HAMi's selection algorithm (reference (h)).
+
+The device plugin advertises each GPU as `count` replicas `<uuid>-<n>`. Given kubelet's
+available and must-include replica IDs, the GPUs the ledger reserved for the container and the
+allocation size, the selection claims one replica per reserved GPU; a reserved GPU without an
+available replica is the *mismatch* that may trigger a refit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from shared.core.codec import physical_id
+from shared.core.errors import CoreError
+
+
+class SelectionError(CoreError):
+    """The reservation cannot be turned into `allocation_size` replica IDs (not a mismatch)."""
+
+
+class ReplicaMismatch(SelectionError):
+    """A reserved GPU has no replica among the IDs kubelet can hand out (the refit trigger)."""
+
+    def __init__(self, uuid: str) -> None:
+        super().__init__(f"no available slice device found for annotated GPU {uuid}")
+        self.uuid = uuid
+
+
+def replica_ids(uuid: str, count: int) -> list[str]:
+    return [f"{uuid}-{n}" for n in range(count)]
+
+
+def select_replicas(
+    available: Sequence[str],
+    required: Sequence[str],
+    desired: Sequence[str],
+    size: int,
+    known: frozenset[str] | None = None,
+) -> list[str]:
+    """Replica IDs for the `desired` physical GPUs, honouring kubelet's must-include IDs."""
+    if len(desired) < size:
+        raise SelectionError(
+            f"annotated devices {len(desired)} smaller than requested allocation size {size}"
+        )
+    selection = list(required)
+    unclaimed: dict[str, list[str]] = {}
+    for replica in required:
+        unclaimed.setdefault(physical_id(replica, known), []).append(replica)
+    claimed = set(required)
+    buckets: dict[str, list[str]] = {}
+    for replica in available:
+        if replica not in claimed:
+            buckets.setdefault(physical_id(replica, known), []).append(replica)
+    for uuid in desired[:size]:
+        if unclaimed.get(uuid):
+            unclaimed[uuid].pop(0)  # a must-include replica of this GPU serves it
+            continue
+        pool = buckets.get(uuid)
+        if not pool:
+            raise ReplicaMismatch(uuid)
+        replica = pool.pop(0)
+        selection.append(replica)
+        claimed.add(replica)
+    if len(selection) != size:
+        raise SelectionError(f"selection has {len(selection)} devices, need {size}")
+    return selection
+
+
+def physical_ids(replicas: Iterable[str], known: frozenset[str] | None = None) -> list[str]:
+    """Physical UUIDs of kubelet's replica IDs, in order (duplicates kept)."""
+    return [physical_id(r, known) for r in replicas]

@@ -1,0 +1,145 @@
+"""`numafit run deviceplugin` / `python -m svc_deviceplugin`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from shared.service.health import Readiness
+from shared.service.kube_io import Kube
+from shared.service.runner import run, serve
+from shared.service.settings import add_common_arguments, common_from_args
+from svc_deviceplugin.config import HamiCorePaths, PluginConfig
+from svc_deviceplugin.discovery import (
+    DiscoveryError,
+    GpuBackend,
+    NvmlBackend,
+    SimulatedBackend,
+    inventory_lines,
+)
+from svc_deviceplugin.metrics import PluginMetrics
+from svc_deviceplugin.service import DevicePluginService
+
+
+def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "The NVIDIA device plugin: advertises each GPU as replica slots with its NUMA node, "
+            "registers with kubelet (re-registering after kubelet restarts), asks for a NUMA "
+            "refit when kubelet's Topology Manager allows none of the reserved GPUs (pods with "
+            "hami.io/numa-alignment), and answers Allocate with HAMi-core's environment. Talks "
+            "only to kubelet and NATS."
+        ),
+    )
+    add_common_arguments(parser, default_metrics_port=9104)
+    parser.add_argument(
+        "--node", default=env.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)"
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        default=env.get("NUMAFIT_DEVICE_PLUGIN_DIR", "/var/lib/kubelet/device-plugins"),
+        help="kubelet's device-plugin directory (default %(default)s)",
+    )
+    parser.add_argument("--socket-name", default="numafit-gpu.sock", help="plugin socket file")
+    parser.add_argument("--resource-name", default="nvidia.com/gpu", help="extended resource")
+    parser.add_argument(
+        "--replicas", type=int, default=10, help="replica slots per GPU (default %(default)s)"
+    )
+    parser.add_argument(
+        "--topology",
+        default=env.get("NUMAFIT_TOPOLOGY"),
+        help="simulated GPUs from a YAML/JSON topology instead of NVML (tests, demos)",
+    )
+    parser.add_argument(
+        "--refit-timeout-ms", type=int, default=2000, help="refit budget (default %(default)s)"
+    )
+    parser.add_argument("--no-refit", action="store_true", help="never ask for NUMA refits")
+    parser.add_argument(
+        "--operating-mode",
+        choices=["hami-core", "mig"],
+        default="hami-core",
+        help="mig: register GPUs in MIG mode; no refits (default %(default)s)",
+    )
+    parser.add_argument(
+        "--hami-core-dir",
+        default="/usr/local/vgpu",
+        help="host directory holding libvgpu.so and ld.so.preload (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default="/tmp/vgpu/containers",
+        help="host directory for per-container shared caches (default %(default)s)",
+    )
+    parser.add_argument(
+        "--inventory",
+        action="store_true",
+        help="print what GPU discovery sees and exit (exit 1 with one line when NVML is absent)",
+    )
+    return parser
+
+
+def backend_for(topology: str | None) -> GpuBackend:
+    if topology:
+        return SimulatedBackend.from_file(Path(topology))
+    return NvmlBackend()
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugin") -> int:
+    args = build_parser(prog).parse_args(argv)
+    try:
+        backend = backend_for(args.topology)
+    except DiscoveryError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    if args.inventory:
+        try:
+            print("\n".join(inventory_lines(backend.list_gpus())))
+        finally:
+            backend.close()
+        return 0
+    if not args.node:
+        backend.close()
+        print(f"{prog}: --node (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    settings = common_from_args(args)
+    config = PluginConfig(
+        node=args.node,
+        directory=Path(args.device_plugin_dir),
+        socket_name=args.socket_name,
+        resource_name=args.resource_name,
+        replicas=args.replicas,
+        refit_enabled=not args.no_refit,
+        refit_timeout_ms=args.refit_timeout_ms,
+        mig_mode=args.operating_mode == "mig",
+        hami_core=HamiCorePaths(
+            library_host=f"{args.hami_core_dir}/libvgpu.so",
+            preload_host=f"{args.hami_core_dir}/ld.so.preload",
+            cache_host_dir=args.cache_dir,
+        ),
+    )
+    readiness = Readiness("registered")
+
+    def factory(
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
+    ) -> DevicePluginService:
+        return DevicePluginService(
+            config, nc, backend, metrics=PluginMetrics(registry), readiness=ready
+        )
+
+    return run(
+        serve("numafit-deviceplugin", settings, factory, readiness, use_kube=False),
+        settings.log_level,
+        settings.log_format,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m svc_deviceplugin"))

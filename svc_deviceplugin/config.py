@@ -1,0 +1,49 @@
+"""The device plugin's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class HamiCorePaths:
+    """Where HAMi-core lives on the host and where containers see it (all configurable)."""
+
+    library_host: str = "/usr/local/vgpu/libvgpu.so"
+    library_container: str = "/usr/local/vgpu/libvgpu.so"
+    preload_host: str = "/usr/local/vgpu/ld.so.preload"
+    preload_container: str = "/etc/ld.so.preload"
+    cache_host_dir: str = "/tmp/vgpu/containers"
+    """Per-container shared-cache directories are created below this on the host."""
+    cache_container_dir: str = "/tmp/vgpu"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    node: str
+    directory: Path = Path("/var/lib/kubelet/device-plugins")
+    """kubelet's device-plugin directory (holds kubelet.sock and the plugin's socket)."""
+    socket_name: str = "numafit-gpu.sock"
+    resource_name: str = "nvidia.com/gpu"
+    replicas: int = 10
+    """Replica slots advertised per GPU (HAMi's device split count)."""
+    refit_enabled: bool = True
+    refit_timeout_ms: int = 2000
+    """The refit budget: kubelet imposes no deadline on GetPreferredAllocation and admits
+    pods serially, so this bound is the node's only protection."""
+    mig_mode: bool = False
+    """Operating mode `mig`: no refits (HAMi refuses MIG on both sides)."""
+    accounting_timeout: float = 2.0
+    watch_interval: float = 1.0
+    """How often kubelet.sock and the plugin's socket are checked for a kubelet restart."""
+    health_interval: float = 10.0
+    hami_core: HamiCorePaths = HamiCorePaths()
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / self.socket_name
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.directory / "kubelet.sock"

@@ -1,0 +1,71 @@
+"""`numafit run deviceplugin` as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NUMAFIT = str(Path(sys.executable).with_name("numafit"))
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NUMAFIT, "run", "deviceplugin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_inventory_of_a_simulated_topology(tmp_path: Path) -> None:
+    topology = tmp_path / "gpus.yaml"
+    topology.write_text(
+        "gpus:\n"
+        "  - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 1}\n"
+        "  - {uuid: GPU-b, model: NVIDIA H100, memory: 81920, numa: 0}\n"
+    )
+    result = run("--inventory", "--topology", str(topology))
+    assert result.returncode == 0, result.stderr
+    assert "GPU-a" in result.stdout and "GPU-b" in result.stdout and "81920" in result.stdout
+
+
+def test_inventory_without_a_driver_is_one_line_and_exit_1() -> None:
+    pytest.importorskip("pynvml")
+    result = run("--inventory")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except Exception:  # no driver here: the plugin must say so in one line
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "NVML is not available" in result.stderr
+    else:  # pragma: no cover - a GPU machine
+        assert result.returncode == 0
+
+
+def test_bad_topology_is_refused_clearly(tmp_path: Path) -> None:
+    topology = tmp_path / "gpus.yaml"
+    topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: lots, numa: 0}\n")
+    result = run("--inventory", "--topology", str(topology))
+    assert result.returncode == 1 and "memory" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_node_is_required(tmp_path: Path) -> None:
+    topology = tmp_path / "gpus.yaml"
+    topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 0}\n")
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    result = subprocess.run(
+        [NUMAFIT, "run", "deviceplugin", "--topology", str(topology)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 2 and "--node (or NODE_NAME) is required" in result.stderr

@@ -18,6 +18,7 @@ from shared.core import keys
 from shared.kubelet_emulator import TopologyPolicy, UnexpectedAdmissionError
 from tests.builders import container
 from tests.deviceplugin.stack import RESOURCE, Stack, gpu, gpu_pod, node_stack
+from tests.integration.harness import wait_for
 
 WORKED = "GPU-b,NVIDIA,30000,60:;GPU-a,NVIDIA,20000,30:;"
 
@@ -274,3 +275,25 @@ async def test_policy_none_offers_every_gpu(nats_url: str, tmp_path: Path) -> No
         admission = await stack.kubelet.admit_container(uid, "main", gpu_count=1, exclusive_cpus=2)
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
         assert refits(stack, "best-effort", "no_mismatch") == 1
+
+
+async def test_pod_whose_annotations_do_not_decode_is_never_handed_devices(
+    nats_url: str, tmp_path: Path
+) -> None:
+    pods = [gpu_pod("broken", "GPU-b,NVIDIA,lots,30:;")]
+    async with node_stack(nats_url, tmp_path, pods) as stack:
+        uid = await stack.uid("broken")
+        with pytest.raises(UnexpectedAdmissionError, match="no pod waiting for allocation"):
+            await stack.kubelet.admit_container(uid, "main", gpu_count=1, exclusive_cpus=2)
+        # The plugin still serves the next pod.
+        await stack.h.create("pod", gpu_pod("fine", "GPU-b,NVIDIA,1000,10:;", bind_time=2))
+
+        async def tracked() -> bool:
+            pending = await stack.h.client.call("pending", "node-1", {})
+            return bool(pending["pod"] and pending["pod"]["name"] == "fine")
+
+        await wait_for(tracked)
+        admission = await stack.kubelet.admit_container(
+            await stack.uid("fine"), "main", gpu_count=1, exclusive_cpus=2
+        )
+        assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"

@@ -67,6 +67,9 @@ class Allocator:
         """(pod UID, container index) admitted on kubelet's choice after a best-effort
         fallback; pending Allocate, then counted as misaligned."""
         self.misaligned: set[tuple[str, str]] = set()
+        self.outcomes: dict[tuple[str, int], str] = {}
+        """The refit outcome per (pod UID, container index), as `numafit simulate` reports it:
+        none, moved, already_aligned, fallback, refused:<code>, timeout, strict_failed."""
 
     # --- GetPreferredAllocation -------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class Allocator:
             log.info("no preference", extra={**where, "error": str(exc)})
             return []
         self.metrics.refits.labels(_mode_label(pod), "no_mismatch").inc()
+        self.outcomes[(pod["uid"], entry["index"])] = "none"
         return selection
 
     async def _mismatch(
@@ -123,6 +127,7 @@ class Allocator:
         if mode is None or not self.config.refit_enabled or self.config.mig_mode:
             log.info("mismatch, no refit", extra={**where, "error": str(mismatch)})
             self.metrics.refits.labels("none", "not_opted_in").inc()
+            self.outcomes[(pod["uid"], entry["index"])] = "none"
             return []
         log.info("mismatch, asking for a refit", extra={**where, "mode": mode.value})
         refit = RefitRequest(
@@ -144,13 +149,21 @@ class Allocator:
             return await self._map_committed(pod, entry, request, reply, mode, where)
         cause = failure or str(reply.get("failureReason", "refused") if reply else "refused")
         result = "timeout" if timed_out else None
+        key = (pod["uid"], entry["index"])
         if mode is Alignment.STRICT:
+            self.outcomes[key] = "strict_failed"
             self.metrics.refits.labels(mode.value, result or "strict_failed").inc()
             await self._fail_binding(pod)
             log.error("strict refit failed", extra={**where, "cause": cause})
             raise AdmissionRefused(f"numa-alignment strict: {cause}")
         self.metrics.refits.labels(mode.value, result or "fallback").inc()
-        self.fallbacks.add((pod["uid"], entry["index"]))
+        self.fallbacks.add(key)
+        if timed_out:
+            self.outcomes[key] = "timeout"
+        elif reply is not None:
+            self.outcomes[key] = f"refused:{reply.get('code', 'unknown')}"
+        else:
+            self.outcomes[key] = "fallback"
         log.info("refit fallback: kubelet picks", extra={**where, "cause": cause})
         return []
 
@@ -192,6 +205,9 @@ class Allocator:
         except (CoreError, SelectionError) as exc:
             # The move is committed: falling back would leave runtime and accounting apart.
             self.metrics.refits.labels(mode.value, "unmappable").inc()
+            self.outcomes[(pod["uid"], entry["index"])] = (
+                "strict_failed" if mode is Alignment.STRICT else "refused:unmappable"
+            )
             await self._fail_binding(pod)
             log.error("refit committed but unmappable", extra={**where, "error": str(exc)})
             raise AdmissionRefused(
@@ -199,6 +215,7 @@ class Allocator:
             ) from exc
         result = str(reply.get("code", "moved"))
         self.metrics.refits.labels(mode.value, result).inc()
+        self.outcomes[(pod["uid"], entry["index"])] = result
         log.info("NUMA refit succeeded", extra={**where, "replicas": selection, "code": result})
         return selection
 

@@ -23,7 +23,7 @@ def replicas(gpus: Sequence[GpuInfo], count: int) -> list[Replica]:
     return [
         Replica(rid, gpu.uuid, gpu.numa, gpu.healthy)
         for gpu in gpus
-        for rid in replica_ids(gpu.uuid, count)
+        for rid in replica_ids(gpu.uuid, gpu.replicas or count)
     ]
 
 
@@ -37,7 +37,7 @@ def register_devices(gpus: Sequence[GpuInfo], count: int, mig_mode: bool) -> lis
         DeviceInfo(
             id=gpu.uuid,
             index=gpu.index,
-            count=count,
+            count=gpu.replicas or count,
             devmem=gpu.memory_mib,
             devcore=gpu.cores,
             type=card_type(gpu.model),

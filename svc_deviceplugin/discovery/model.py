@@ -36,6 +36,8 @@ class GpuInfo:
     """False for a GPU that must not be offered to kubelet."""
     cores: int = 100
     """Share of the GPU's compute, in percent, that may be handed out."""
+    replicas: int = 0
+    """Replica slots for this GPU; 0 means the plugin's `--replicas`."""
 
 
 class GpuBackend(Protocol):

@@ -1,7 +1,8 @@
 """Simulated GPUs from a topology file, for tests and ``numafit simulate``.
 
 The file is YAML or JSON: either a list of GPUs or a mapping ``{gpus: [...]}``;
-each GPU is ``{uuid, model, memory (MiB), numa, index?, mig?, healthy?, cores?}``.
+each GPU is ``{uuid, model, memory (MiB), numa, index?, mig?, healthy?, cores?, count?}``
+(``count``: replica slots of that GPU, default the plugin's ``--replicas``).
 Validation is strict (unknown keys, wrong types and duplicates are refused)
 because a typo in a simulated topology would otherwise silently change what a
 scenario proves. Errors name the file, the item and the key.
@@ -21,7 +22,7 @@ from svc_deviceplugin.discovery.model import NO_NUMA, GpuInfo
 __all__ = ["SimulatedBackend", "parse_gpus", "parse_topology"]
 
 _REQUIRED = ("uuid", "model", "memory", "numa")
-_OPTIONAL = ("index", "mig", "healthy", "cores")
+_OPTIONAL = ("index", "mig", "healthy", "cores", "count")
 
 
 class SimulatedBackend:
@@ -100,6 +101,7 @@ def _parse_gpu(item: object, position: int, where: str) -> GpuInfo:
         mig_enabled=_flag(item, "mig", label, default=False),
         healthy=_flag(item, "healthy", label, default=True),
         cores=_integer(item, "cores", label, default=100, minimum=1, maximum=100),
+        replicas=_integer(item, "count", label, default=0, minimum=1),
     )
 
 

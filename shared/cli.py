@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 
@@ -53,22 +53,91 @@ def plan_command(path: str, want_explain: bool, out: TextIO, err: TextIO, stdin:
 
 
 DEMO_INTRO = """\
-numafit demo: the worked example of HAMi's NUMA refit.
-
-Pod ml/train has an init container `prep` (1 GPU, 30000 MiB, 60% cores) and an app container
-`main` (1 GPU, 20000 MiB, 30% cores). The scheduler put `prep` on GPU-b (NUMA 0) and `main` on
-GPU-a (NUMA 1). kubelet pinned `main`'s CPUs to NUMA 0, so its Topology Manager only offers
-GPU-b replicas: the device plugin asks for a refit of container 1 onto GPU-b.
-Phase-aware capacity: `prep` and `main` never run together, so GPU-b needs max(30000, 20000)
-= 30000 MiB, not 50000.
+numafit demo: one GPU node, two NUMA nodes, eight GPUs, kubelet with the single-numa-node
+Topology Manager. The scheduler extender spreads GPU work; kubelet pins each container's CPUs
+to the lowest NUMA node that fits and only offers that node's GPUs. Pods that opted in with
+hami.io/numa-alignment get their reservation refitted onto those GPUs; the others run on
+kubelet's choice and accounting follows what runs. Everything below ran for real: nats-server,
+the Kubernetes API emulator, accounting, refit, the scheduler extender, a kubelet emulator and
+the device plugin over gRPC.
 """
 
 
-def demo_command(out: TextIO, err: TextIO) -> int:
-    case_file = resources.files("shared") / "data" / "plan-worked-example.json"
-    out.write(DEMO_INTRO + "\n")
-    out.write(f"$ numafit plan --explain {case_file}\n\n")
-    return plan_command(str(case_file), True, out, err, sys.stdin)
+def _progress(err: TextIO) -> Callable[[str], None]:
+    tty = err.isatty()
+
+    def show(message: str) -> None:
+        if tty:
+            err.write("\r\033[K" + message)
+        else:
+            err.write(message + "\n")
+        err.flush()
+
+    return show
+
+
+def simulate_command(
+    path: str | None, want_json: bool, out: TextIO, err: TextIO, serve: bool = False
+) -> int:
+    """`numafit simulate`: exit 0 with the report, 2 for a malformed scenario, 1 on failure."""
+    import asyncio
+
+    from shared.service.logs import configure_logging
+    from shared.simulate.report import public, render_table, simulate
+    from shared.simulate.scenario import ScenarioError, load_scenario
+
+    configure_logging("critical", "text")  # the progress line and the report are the interface
+    source = path or str(resources.files("shared") / "data" / "demo-scenario.yaml")
+    try:
+        scenario = load_scenario(source)
+    except ScenarioError as exc:
+        err.write(f"numafit simulate: {exc}\n")
+        return EXIT_USAGE
+    progress = _progress(err)
+    keep = _serve_forever(err) if serve else None
+    try:
+        report = asyncio.run(simulate(scenario, progress, keep))
+    except Exception as exc:
+        err.write(f"\nnumafit simulate: the simulation failed: {exc}\n")
+        return EXIT_FAILURE
+    if err.isatty():
+        err.write("\r\033[K")
+    if want_json:
+        out.write(orjson.dumps(public(report), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_table(report, out)
+    return EXIT_OK
+
+
+def _serve_forever(err: TextIO) -> Callable[[Any], Any]:
+    """With --serve: expose every service's /metrics and wait for SIGINT/SIGTERM."""
+
+    async def keep(cluster: Any) -> None:
+        import asyncio
+
+        from shared.service.health import HealthServer, Readiness
+        from shared.service.lifecycle import stop_on_signals
+
+        servers = []
+        base = 9101
+        for offset, (name, registry) in enumerate(
+            [
+                *cluster.registries.items(),
+                *((f"deviceplugin-{n}", node.registry) for n, node in cluster.nodes.items()),
+            ]
+        ):
+            server = HealthServer(registry, Readiness(), "0.0.0.0", base + offset)
+            await server.start()
+            servers.append(server)
+            err.write(f"\n  {name:<28} http://127.0.0.1:{server.port}/metrics")
+        err.write("\nserving; Ctrl-C to stop\n")
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await stop.wait()
+        for server in servers:
+            await server.stop()
+
+    return keep
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,10 +173,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", choices=sorted(RUN_TARGETS), help="what to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the component's own options")
-    commands.add_parser(
+    simulate = commands.add_parser(
+        "simulate",
+        help="run the whole system on emulated nodes and report where everything landed",
+        description=(
+            "Start an embedded nats-server, the Kubernetes API emulator, the four services and, "
+            "per node, a kubelet emulator driving the real device plugin on simulated GPUs; "
+            "create the scenario's pods in order, schedule each through the extender as "
+            "kube-scheduler would, admit it through the kubelet emulator, and report per "
+            "container the GPUs and their NUMA nodes, the CPU NUMA node, alignment and the refit "
+            "outcome, the final per-GPU usage and the metrics."
+        ),
+    )
+    simulate.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
+    simulate.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo = commands.add_parser(
         "demo",
-        help="explain a refit on the bundled worked example",
-        description="Run `numafit plan --explain` on the bundled worked example and say why.",
+        help="run the bundled scenario and explain it",
+        description=(
+            "Run `numafit simulate` on the bundled scenario (two NUMA nodes, eight GPUs, pods "
+            "with and without hami.io/numa-alignment, init containers and sidecars) and show "
+            "where each container landed, which refits moved what and why, and the GPU usage."
+        ),
+    )
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the system running afterwards with every service's /metrics reachable",
     )
     return parser
 
@@ -130,6 +223,12 @@ def _run_deviceplugin(argv: list[str]) -> int:
     return run_main(argv, prog="numafit run deviceplugin")
 
 
+def _run_scheduler(argv: list[str]) -> int:
+    from svc_scheduler.__main__ import main as run_main
+
+    return run_main(argv, prog="numafit run scheduler")
+
+
 def _run_kube_emulator(argv: list[str]) -> int:
     from shared.kube_emulator.cli import main as run_main
 
@@ -145,6 +244,7 @@ def _run_kubelet_emulator(argv: list[str]) -> int:
 RUN_TARGETS: dict[str, Callable[[list[str]], int]] = {
     "accounting": _run_accounting,
     "refit": _run_refit,
+    "scheduler": _run_scheduler,
     "deviceplugin": _run_deviceplugin,
     "kube-emulator": _run_kube_emulator,
     "kubelet-emulator": _run_kubelet_emulator,
@@ -157,8 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return RUN_TARGETS[args.target](list(args.args))
     if args.command == "plan":
         return plan_command(args.case, args.explain, sys.stdout, sys.stderr, sys.stdin)
+    if args.command == "simulate":
+        return simulate_command(args.scenario, args.json, sys.stdout, sys.stderr)
     if args.command == "demo":
-        return demo_command(sys.stdout, sys.stderr)
+        if not args.json:
+            sys.stdout.write(DEMO_INTRO + "\n")
+        return simulate_command(None, args.json, sys.stdout, sys.stderr, serve=args.serve)
     return EXIT_USAGE  # pragma: no cover - argparse enforces the choices
 
 

@@ -1,1 +1,3 @@
-"""numafit svc_scheduler: see DESIGN in the README; the service arrives with its issue."""
+"""numafit svc_scheduler: the kube-scheduler extender (filter, prioritize, bind) and the pods'
+admission webhook, over HTTP(S), deciding on a read model of accounting's published usage.
+See svc_scheduler/README.md for the routes, flags and metrics."""

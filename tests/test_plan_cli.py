@@ -25,7 +25,7 @@ def run(args: list[str], stdin: str = "") -> tuple[int, str, str]:
         path = next(a for a in args[1:] if a != "--explain")
         code = cli.plan_command(path, explain, out, err, io.StringIO(stdin))
     else:
-        code = cli.demo_command(out, err)
+        raise AssertionError(args)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -155,11 +155,11 @@ def test_explain_of_a_refusal_gives_the_reason(tmp_path: Path) -> None:
     assert code == 0 and "code node_mismatch" in out and "is tracked on node node-1" in out
 
 
-def test_demo_explains_the_worked_example() -> None:
-    code, out, _ = run(["demo"])
+def test_explain_of_the_bundled_worked_example() -> None:
+    code, out, _ = run(["plan", "--explain", str(EXAMPLE)])
     assert code == 0
     assert "moved container 1 from GPU-a to GPU-b" in out
-    assert "max(30000, 20000)" in out
+    assert "slots 1/10, mem 30000/40000 MiB" in out  # max(init 30000, app 20000), not 50000
 
 
 def test_console_script_is_installed_and_helpful() -> None:

@@ -254,3 +254,45 @@ class Kube:
         )
         items: list[dict[str, Any]] = body.get("items") or []
         return items
+
+    # --- used by `numafit simulate` and tests (a controller's and kubelet's writes) ---------
+
+    async def create_node(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = await _call(
+            lambda: self.core.create_node(body, _preload_content=False),  # type: ignore[arg-type]
+            "create node",
+        )
+        return created
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = await _call(
+            lambda: self.core.create_namespaced_pod(
+                namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+            ),
+            f"create pod in {namespace}",
+        )
+        return created
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        await _call(
+            lambda: self.core.delete_namespaced_pod(name, namespace, _preload_content=False),
+            f"delete pod {namespace}/{name}",
+        )
+
+    async def patch_pod_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """What kubelet writes: the pod's status subresource (JSON merge patch)."""
+        patched: dict[str, Any] = await _call(
+            lambda: self.core.patch_namespaced_pod_status(  # type: ignore[call-arg]
+                name,
+                namespace,
+                {"status": dict(status)},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            ),
+            f"patch status of pod {namespace}/{name}",
+        )
+        return patched

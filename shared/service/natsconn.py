@@ -25,8 +25,12 @@ async def connect(
     """Connect, then reconnect forever; `on_reconnect` hooks (the list may grow after connect)
     run after every reconnect, e.g. to republish state readers may have missed."""
     hooks = on_reconnect if on_reconnect is not None else []
+    client: list[Client] = []
 
     async def disconnected() -> None:
+        if client and (client[0].is_closed or client[0].is_draining):
+            log.debug("nats connection closed", extra={"client": name})
+            return
         log.warning("nats disconnected", extra={"client": name})
 
     async def reconnected() -> None:
@@ -43,7 +47,9 @@ async def connect(
     servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
         async with asyncio.timeout(initial_timeout):
-            return await _connect(servers, name, connect_timeout, disconnected, reconnected, error)
+            nc = await _connect(servers, name, connect_timeout, disconnected, reconnected, error)
+            client.append(nc)
+            return nc
     except TimeoutError as exc:
         raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
 

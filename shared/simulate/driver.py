@@ -1,0 +1,308 @@
+"""Drives pods through the simulated cluster as the real components would.
+
+kube-scheduler: create the pod (the API emulator runs the webhook), POST /filter with the node
+names (nodeCacheCapable), /prioritize, pick the best-scored node, /bind. kubelet: admit the
+containers in its order (init containers first) through the kubelet emulator, whose Topology
+Manager and CPU manager call the real device plugin; on success the pod runs (its regular init
+containers are reported exited 0), on an admission error it fails. Each step waits for
+accounting to have seen the outcome, so the next pod is decided on settled state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from shared.core import codec, keys
+from shared.core.model import ContainerKind
+from shared.core.pods import pod_from_object
+from shared.core.quantity import parse_quantity
+from shared.core.replicas import physical_ids
+from shared.kubelet_emulator import AdmissionError
+from shared.service import kube_io
+from shared.simulate.cluster import RESOURCE, SimCluster
+from shared.simulate.scenario import CreatePod, DeletePod
+
+log = logging.getLogger("numafit.simulate")
+
+
+@dataclass
+class ContainerReport:
+    name: str
+    gpus: list[str] = field(default_factory=list)
+    gpu_numa: list[int] = field(default_factory=list)
+    cpu_numa: int | None = None
+    ledger_gpus: list[str] = field(default_factory=list)
+    aligned: bool = True
+    refit: str = "none"
+    reserved_gpus: list[str] = field(default_factory=list)
+    """What the scheduler reserved before kubelet admitted the container (for the table)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "gpus": self.gpus,
+            "gpuNuma": self.gpu_numa,
+            "cpuNuma": self.cpu_numa,
+            "ledgerGpus": self.ledger_gpus,
+            "aligned": self.aligned,
+            "refit": self.refit,
+        }
+
+
+@dataclass
+class PodReport:
+    namespace: str
+    name: str
+    node: str = ""
+    phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    containers: list[ContainerReport] = field(default_factory=list)
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "node": self.node,
+            "phase": self.phase,
+            "reason": self.reason,
+            "containers": [c.to_json() for c in self.containers],
+        }
+
+
+def exclusive_cpus(container: dict[str, Any]) -> int:
+    """Integer CPUs of a container with equal CPU requests and limits (the static CPU manager
+    gives those exclusive cores); 0 otherwise."""
+    resources = container.get("resources") or {}
+    limits = (resources.get("limits") or {}).get("cpu")
+    requests = (resources.get("requests") or {}).get("cpu", limits)
+    if limits is None:
+        return 0
+    try:
+        value, wanted = parse_quantity(limits), parse_quantity(requests)
+    except ValueError:
+        return 0
+    if value != wanted or value.denominator != 1 or value <= 0:
+        return 0
+    return int(value)
+
+
+def gpu_count(container: dict[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    raw = (resources.get("limits") or {}).get(RESOURCE) or (resources.get("requests") or {}).get(
+        RESOURCE
+    )
+    if raw is None:
+        return 0
+    try:
+        value = parse_quantity(raw)
+    except ValueError:
+        return 0
+    return int(value) if value.denominator == 1 and value > 0 else 0
+
+
+class Driver:
+    def __init__(self, cluster: SimCluster, session: aiohttp.ClientSession) -> None:
+        self.cluster = cluster
+        self.session = session
+        self.reports: dict[str, PodReport] = {}
+        self.deleted: list[PodReport] = []
+        """Pods the scenario deleted: gone from the report, kept for the table's story."""
+
+    @property
+    def kube(self) -> kube_io.Kube:
+        assert self.cluster.kube is not None
+        return self.cluster.kube
+
+    async def _post(self, verb: str, body: Any) -> Any:
+        assert self.cluster.scheduler is not None
+        url = f"{self.cluster.scheduler.url.rstrip('/')}/{verb}"
+        async with asyncio.timeout(10), self.session.post(url, json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"extender {verb} answered {response.status}")
+            return await response.json()
+
+    async def run(self, step: CreatePod | DeletePod) -> PodReport | None:
+        if isinstance(step, DeletePod):
+            await self.delete(step)
+            return None
+        return await self.create(step)
+
+    # --- deletion ---------------------------------------------------------------------------
+
+    async def delete(self, step: DeletePod) -> None:
+        key = f"{step.namespace}/{step.name}"
+        report = self.reports.get(key)
+        try:
+            await self.kube.delete_pod(step.namespace, step.name)
+        except kube_io.NotFound:
+            log.info("delete: no such pod", extra={"pod": key})
+            return
+        if report is not None and report.node in self.cluster.nodes:
+            await self.cluster.nodes[report.node].kubelet.release_pod(report.uid)
+        if report is not None and report.uid:
+            await self._settled(lambda: self._ledger_forgot(report.uid))
+        if report is not None:
+            self.deleted.append(self.reports.pop(key))
+
+    # --- creation ---------------------------------------------------------------------------
+
+    async def create(self, step: CreatePod) -> PodReport:
+        manifest = step.manifest
+        meta = manifest["metadata"]
+        namespace = meta.get("namespace", "default")
+        report = PodReport(namespace, meta["name"])
+        self.reports[report.key] = report
+        try:
+            created = await self.kube.create_pod(namespace, manifest)
+        except kube_io.KubeError as exc:
+            report.phase, report.reason, report.message = "Failed", "AdmissionDenied", str(exc)
+            return report
+        report.uid = created["metadata"]["uid"]
+        pod = pod_from_object(created)
+        report.containers = [ContainerReport(c.name) for c in pod.containers]
+        node = await self._schedule(report, created)
+        if node is None:
+            return report
+        report.node = node
+        await self._admit(report, node)
+        return report
+
+    async def _schedule(self, report: PodReport, pod: dict[str, Any]) -> str | None:
+        names = sorted(self.cluster.nodes)
+        result = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+        if result.get("Error"):
+            report.reason, report.message = "SchedulerError", str(result["Error"])
+            return None
+        feasible = list(result.get("NodeNames") or [])
+        if not feasible:
+            failed = {
+                **(result.get("FailedNodes") or {}),
+                **(result.get("FailedAndUnresolvableNodes") or {}),
+            }
+            report.reason = "Unschedulable"
+            report.message = f"0/{len(names)} nodes are available: " + "; ".join(
+                f"{n}: {r}" for n, r in sorted(failed.items())
+            )
+            return None
+        scores = await self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": feasible})
+        by_host = {item["Host"]: item["Score"] for item in scores or []}
+        node: str = max(feasible, key=lambda n: (by_host.get(n, 0), -feasible.index(n)))
+        for _ in range(50):
+            bound = await self._post(
+                "bind",
+                {
+                    "PodName": report.name,
+                    "PodNamespace": report.namespace,
+                    "PodUID": report.uid,
+                    "Node": node,
+                },
+            )
+            error = bound.get("Error") or ""
+            if not error:
+                return node
+            if "still allocating" not in error:
+                report.reason, report.message = "BindError", str(error)
+                return None
+            await asyncio.sleep(0.05)  # another pod holds the node lock; kube-scheduler retries
+        report.reason, report.message = "BindError", "node stayed busy"
+        return None
+
+    async def _admit(self, report: PodReport, node: str) -> None:
+        sim = self.cluster.nodes[node]
+        current = await self.kube.get_pod(report.namespace, report.name)
+        pod = pod_from_object(current)
+        reserved = (
+            codec.decode_pod(pod.annotations.get(keys.ALLOCATED, ""))
+            if pod.annotations.get(keys.ALLOCATED)
+            else []
+        )
+        spec = current.get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        known = frozenset(sim.gpu_numa)
+        for index, container in enumerate(containers):
+            entry = report.containers[index]
+            if index < len(reserved):
+                entry.reserved_gpus = [d.uuid for d in reserved[index]]
+            try:
+                admission = await sim.kubelet.admit_container(
+                    report.uid,
+                    container["name"],
+                    resource=RESOURCE,
+                    gpu_count=gpu_count(container),
+                    exclusive_cpus=exclusive_cpus(container),
+                )
+            except AdmissionError as exc:
+                entry.refit = sim.plugin.allocator.outcomes.get((report.uid, index), "none")
+                report.phase = "Failed"
+                report.reason = exc.reason
+                report.message = str(exc)
+                await sim.kubelet.release_pod(report.uid)
+                await self.kube.patch_pod_status(
+                    report.namespace,
+                    report.name,
+                    {"phase": "Failed", "reason": exc.reason, "message": str(exc)},
+                )
+                await self._settled(lambda: self._ledger_forgot(report.uid))
+                return
+            entry.gpus = physical_ids(admission.device_ids, known)
+            entry.gpu_numa = [sim.gpu_numa[g] for g in entry.gpus]
+            entry.cpu_numa = admission.cpu_numa
+            policy_none = sim.spec.topology_policy.value == "none"
+            entry.aligned = policy_none or all(n == admission.cpu_numa for n in entry.gpu_numa)
+            entry.refit = sim.plugin.allocator.outcomes.get((report.uid, index), "none")
+        status = {
+            "phase": "Running",
+            "initContainerStatuses": [
+                {"name": c.name, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+                for c in pod.containers
+                if c.kind is ContainerKind.INIT
+            ]
+            + [
+                {"name": c.name, "state": {"running": {}}}
+                for c in pod.containers
+                if c.kind is ContainerKind.SIDECAR
+            ],
+        }
+        updated = await self.kube.patch_pod_status(report.namespace, report.name, status)
+        report.phase = "Running"
+        version = updated["metadata"]["resourceVersion"]
+        await self._settled(lambda: self._ledger_saw(report.uid, version))
+        tracked = self._tracked(report.uid)
+        if tracked is not None and tracked.rows is not None:
+            for index, entry in enumerate(report.containers):
+                if index < len(tracked.rows):
+                    entry.ledger_gpus = [d.uuid for d in tracked.rows[index]]
+
+    # --- waiting for accounting -------------------------------------------------------------
+
+    def _tracked(self, uid: str) -> Any:
+        assert self.cluster.accounting is not None
+        return self.cluster.accounting.ledger.tracked(uid)
+
+    def _ledger_forgot(self, uid: str) -> bool:
+        return self._tracked(uid) is None
+
+    def _ledger_saw(self, uid: str, version: str) -> bool:
+        tracked = self._tracked(uid)
+        if tracked is None:
+            return True
+        current = tracked.pod.resource_version
+        return bool(current.isdigit() and version.isdigit() and int(current) >= int(version))
+
+    async def _settled(self, condition: Any) -> None:
+        """Accounting follows the API server through its watch: wait until it has caught up
+        (bounded), so the next pod is placed on settled state."""
+        async with asyncio.timeout(10):
+            while not condition():  # noqa: ASYNC110 - accounting's state, owned elsewhere
+                await asyncio.sleep(0.005)

@@ -1,0 +1,208 @@
+"""Run a scenario and report it: DESIGN.md's JSON, or a table a person can read."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from shared.simulate.cluster import SimCluster
+from shared.simulate.driver import Driver, PodReport
+from shared.simulate.scenario import CreatePod, Scenario
+
+
+def collect_metrics(registries: Iterable[CollectorRegistry]) -> dict[str, float]:
+    """Every sample as `name{labels}` -> value; the same series from several nodes' plugins
+    is summed (a cluster-wide view, as a Prometheus `sum by` would give)."""
+    values: dict[str, float] = {}
+    for registry in registries:
+        for family in registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                key = f"{sample.name}{{{labels}}}" if labels else sample.name
+                value = float(sample.value)
+                values[key] = values.get(key, 0.0) + (0.0 if math.isnan(value) else value)
+    return dict(sorted(values.items()))
+
+
+async def simulate(
+    scenario: Scenario,
+    progress: Callable[[str], None] = lambda _: None,
+    keep: Callable[[SimCluster], Any] | None = None,
+) -> dict[str, Any]:
+    """Start everything, run every step in order, and return the report."""
+    cluster = SimCluster(scenario)
+    try:
+        await cluster.start(progress)
+        async with aiohttp.ClientSession() as session:
+            driver = Driver(cluster, session)
+            total = len(scenario.steps)
+            for number, step in enumerate(scenario.steps, 1):
+                what = (
+                    step.key
+                    if isinstance(step, CreatePod)
+                    else f"delete {step.namespace}/{step.name}"
+                )
+                progress(f"[{number}/{total}] {what}")
+                await driver.run(step)
+            report = build_report(cluster, list(driver.reports.values()), driver.deleted)
+        if keep is not None:
+            await keep(cluster)
+        return report
+    finally:
+        await cluster.stop()
+
+
+def build_report(
+    cluster: SimCluster, pods: list[PodReport], deleted: list[PodReport]
+) -> dict[str, Any]:
+    assert cluster.accounting is not None
+    ledger = cluster.accounting.ledger
+    devices = {name: ledger.node(name).usage_table() for name in sorted(cluster.nodes)}
+    return {
+        "pods": [p.to_json() for p in pods],
+        "devices": devices,
+        "metrics": collect_metrics(cluster.all_registries()),
+        "_table": _table_data(cluster, pods, deleted),
+    }
+
+
+def _table_data(
+    cluster: SimCluster, pods: list[PodReport], deleted: list[PodReport]
+) -> dict[str, Any]:
+    """Extra facts for the readable table only (kept out of the JSON contract)."""
+    gpus = {
+        name: [
+            {
+                "uuid": g.uuid,
+                "numa": g.numa,
+                "memory": g.memory_mib,
+                "cores": g.cores,
+                "count": g.replicas or 10,
+            }
+            for g in node.spec.gpus
+        ]
+        for name, node in cluster.nodes.items()
+    }
+    everyone = [*deleted, *pods]
+    reserved = {p.key: {c.name: c.reserved_gpus for c in p.containers} for p in everyone}
+    messages = {p.key: p.message for p in everyone}
+    return {
+        "gpus": gpus,
+        "reserved": reserved,
+        "messages": messages,
+        "deleted": [p.to_json() for p in deleted],
+    }
+
+
+def public(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def render_table(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    table = report["_table"]
+    rows = [
+        ("POD", "NODE", "PHASE", "CONTAINER", "GPUS", "GPU NUMA", "CPU NUMA", "ALIGNED", "REFIT")
+    ]
+    for pod in report["pods"]:
+        key = f"{pod['namespace']}/{pod['name']}"
+        first = True
+        containers = pod["containers"] or [
+            {
+                "name": "-",
+                "gpus": [],
+                "gpuNuma": [],
+                "cpuNuma": None,
+                "aligned": True,
+                "refit": "none",
+            }
+        ]
+        for c in containers:
+            rows.append(
+                (
+                    key if first else "",
+                    pod["node"] if first else "",
+                    pod["phase"] if first else "",
+                    c["name"],
+                    ",".join(c["gpus"]) or "-",
+                    ",".join(str(n) for n in c["gpuNuma"]) or "-",
+                    "-" if c["cpuNuma"] is None else str(c["cpuNuma"]),
+                    ("yes" if c["aligned"] else "NO") if c["gpus"] else "-",
+                    c["refit"],
+                )
+            )
+            first = False
+    _print_rows(rows, out)
+
+    notes = []
+    for pod in [*table["deleted"], *report["pods"]]:
+        key = f"{pod['namespace']}/{pod['name']}"
+        reserved = table["reserved"].get(key, {})
+        for c in pod["containers"]:
+            before = reserved.get(c["name"]) or []
+            if c["refit"] == "moved":
+                notes.append(
+                    f"  {key} {c['name']}: the scheduler reserved {','.join(before)}; kubelet "
+                    f"pinned its CPUs to NUMA {c['cpuNuma']} and offered only that node's GPUs, "
+                    "so the refit "
+                    f"moved the reservation to {','.join(c['ledgerGpus'])}"
+                )
+            elif c["refit"].startswith("refused:") or c["refit"] in ("fallback", "timeout"):
+                notes.append(
+                    f"  {key} {c['name']}: refit {c['refit']}; best-effort kept kubelet's choice "
+                    f"{','.join(c['gpus'])} and accounting followed it (counted misaligned)"
+                )
+            elif c["refit"] == "strict_failed":
+                notes.append(f"  {key} {c['name']}: strict refit failed, the pod failed admission")
+            elif before and c["gpus"] and set(before) != set(c["gpus"]):
+                notes.append(
+                    f"  {key} {c['name']}: no refit (not opted in); kubelet gave "
+                    f"{','.join(c['gpus'])} instead of {','.join(before)} and accounting followed "
+                    "what runs"
+                )
+        if pod in table["deleted"]:
+            notes.append(f"  {key}: deleted afterwards; its GPU share was released and reused")
+        elif pod["phase"] != "Running" and pod["reason"]:
+            message = table["messages"].get(key, "")
+            notes.append(f"  {key}: {pod['phase']} ({pod['reason']}) {message}".rstrip())
+    if notes:
+        out.write("\nWhat happened:\n" + "\n".join(notes) + "\n")
+
+    out.write("\nGPU usage (phase-aware, as accounting counts it):\n")
+    usage_rows = [("NODE", "GPU", "NUMA", "SLOTS", "MEMORY MiB", "CORES %", "")]
+    for node, gpus in table["gpus"].items():
+        used = report["devices"].get(node, {})
+        for g in gpus:
+            u = used.get(g["uuid"], {"used": 0, "usedmem": 0, "usedcores": 0})
+            over = u["usedmem"] > g["memory"] or u["usedcores"] > g["cores"]
+            usage_rows.append(
+                (
+                    node,
+                    g["uuid"],
+                    str(g["numa"]),
+                    f"{u['used']}/{g['count']}",
+                    f"{u['usedmem']}/{g['memory']}",
+                    f"{u['usedcores']}/{g['cores']}",
+                    "overcommitted (a best-effort fallback runs here)" if over else "",
+                )
+            )
+    _print_rows(usage_rows, out)
+
+
+def _print_rows(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
+        )
+
+
+def run_sync(scenario: Scenario, progress: Callable[[str], None]) -> dict[str, Any]:
+    return asyncio.run(simulate(scenario, progress))

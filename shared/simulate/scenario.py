@@ -1,0 +1,219 @@
+"""The simulate scenario: nodes (topology policy, CPUs, GPUs), scheduler config, pods.
+
+    nodes:
+      - name: node-1
+        topologyPolicy: single-numa-node   # none | best-effort | restricted | single-numa-node
+        cpus: {0: 32, 1: 32}               # allocatable exclusive CPUs per NUMA node
+        gpus:
+          - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 1}   # cores 100, count 10
+    config: {gpuSchedulerPolicy: spread, nodeSchedulerPolicy: binpack}
+    pods: [<Pod manifests>, {delete: ns/name}, ...]
+
+Unknown keys and wrong types are refused with a message naming the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.core.config import CoreConfig, parse_config
+from shared.core.errors import CoreError
+from shared.core.pods import pod_from_object
+from shared.kubelet_emulator import TopologyPolicy
+from svc_deviceplugin.discovery import GpuInfo, TopologyError, parse_gpus
+
+
+class ScenarioError(ValueError):
+    """The scenario is malformed; the message names the line."""
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A safe loader that remembers the line of every mapping and list it builds."""
+
+    lines: dict[int, int]
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    value = loader.construct_mapping(node, deep=True)
+    mapping = dict(value)
+    loader.lines[id(mapping)] = node.start_mark.line + 1
+    return mapping
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> list[Any]:
+    items = loader.construct_sequence(node, deep=True)
+    loader.lines[id(items)] = node.start_mark.line + 1
+    return items
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    topology_policy: TopologyPolicy
+    cpus: dict[int, int]
+    gpus: list[GpuInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePod:
+    manifest: dict[str, Any]
+    line: int
+
+    @property
+    def key(self) -> str:
+        meta = self.manifest["metadata"]
+        return f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePod:
+    namespace: str
+    name: str
+    line: int
+
+
+Step = CreatePod | DeletePod
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    nodes: list[NodeSpec]
+    config: CoreConfig
+    steps: list[Step]
+
+
+class _Checker:
+    def __init__(self, lines: dict[int, int], source: str) -> None:
+        self.lines = lines
+        self.source = source
+
+    def line(self, obj: object) -> int:
+        return self.lines.get(id(obj), 0)
+
+    def fail(self, obj: object, message: str) -> ScenarioError:
+        line = self.line(obj)
+        where = f"{self.source}:{line}" if line else self.source
+        return ScenarioError(f"{where}: {message}")
+
+    def mapping(self, obj: object, what: str, parent: object) -> dict[str, Any]:
+        if not isinstance(obj, dict):
+            raise self.fail(
+                parent if not isinstance(obj, list) else obj, f"{what} must be a mapping"
+            )
+        return obj
+
+    def keys(self, obj: dict[str, Any], allowed: set[str], what: str) -> None:
+        unknown = sorted(str(k) for k in obj if k not in allowed)
+        if unknown:
+            known = ", ".join(sorted(allowed))
+            raise self.fail(obj, f"unknown key(s) {', '.join(unknown)} in {what}; allowed: {known}")
+
+
+_POLICIES = {p.value: p for p in TopologyPolicy}
+
+
+def parse_scenario(text: str, source: str = "scenario") -> Scenario:
+    loader = _LineLoader(text)
+    loader.lines = {}
+    try:
+        document = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
+    check = _Checker(loader.lines, source)
+    if not isinstance(document, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping with nodes, config and pods")
+    check.keys(document, {"nodes", "config", "pods"}, "the scenario")
+    nodes_obj = document.get("nodes")
+    if not isinstance(nodes_obj, list) or not nodes_obj:
+        raise check.fail(document, "nodes must be a non-empty list")
+    nodes = [_node(check, item) for item in nodes_obj]
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise check.fail(nodes_obj, "node names must be unique")
+    config_obj = document.get("config")
+    try:
+        config = parse_config(config_obj) if config_obj is not None else CoreConfig()
+    except CoreError as exc:
+        raise check.fail(config_obj, str(exc)) from exc
+    pods_obj = document.get("pods", [])
+    if not isinstance(pods_obj, list):
+        raise check.fail(document, "pods must be a list")
+    steps = [_step(check, item, pods_obj) for item in pods_obj]
+    return Scenario(nodes, config, steps)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return parse_scenario(text, str(path))
+
+
+def _node(check: _Checker, item: object) -> NodeSpec:
+    node = check.mapping(item, "a node", item)
+    check.keys(node, {"name", "topologyPolicy", "cpus", "gpus"}, "a node")
+    name = node.get("name")
+    if not isinstance(name, str) or not name:
+        raise check.fail(node, "a node needs a name")
+    policy_value = node.get("topologyPolicy", "single-numa-node")
+    policy = _POLICIES.get(policy_value) if isinstance(policy_value, str) else None
+    if policy is None:
+        raise check.fail(node, f"node {name}: topologyPolicy must be one of {', '.join(_POLICIES)}")
+    cpus_obj = node.get("cpus", {0: 64})
+    if not isinstance(cpus_obj, dict) or not all(
+        isinstance(k, int)
+        and not isinstance(k, bool)
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and k >= 0
+        and v >= 0
+        for k, v in cpus_obj.items()
+    ):
+        raise check.fail(
+            node if not isinstance(cpus_obj, dict) else cpus_obj,
+            f"node {name}: cpus must map NUMA node numbers to CPU counts",
+        )
+    gpus_obj = node.get("gpus")
+    try:
+        gpus = parse_gpus(gpus_obj, where=f"node {name}: gpus")
+    except TopologyError as exc:
+        raise check.fail(gpus_obj if isinstance(gpus_obj, list) else node, str(exc)) from exc
+    return NodeSpec(name, policy, dict(cpus_obj), gpus)
+
+
+def _step(check: _Checker, item: object, parent: object) -> Step:
+    obj = check.mapping(item, "a pods entry", parent)
+    if "delete" in obj:
+        check.keys(obj, {"delete"}, "a delete step")
+        target = obj["delete"]
+        if not isinstance(target, str) or target.count("/") != 1 or not all(target.split("/")):
+            raise check.fail(obj, "delete takes namespace/name")
+        namespace, name = target.split("/")
+        return DeletePod(namespace, name, check.line(obj))
+    check.keys(obj, {"apiVersion", "kind", "metadata", "spec"}, "a Pod manifest")
+    if obj.get("kind", "Pod") != "Pod":
+        raise check.fail(obj, "pods entries are Pod manifests or {delete: ns/name}")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise check.fail(obj, "a Pod needs metadata.name")
+    manifest = dict(obj)
+    manifest.setdefault("apiVersion", "v1")
+    manifest.setdefault("kind", "Pod")
+    try:  # the same checks the services apply (a uid is added only for this check)
+        probe = {**manifest, "metadata": {**manifest["metadata"], "uid": "check"}}
+        pod_from_object(probe)
+    except CoreError as exc:
+        raise check.fail(obj, str(exc)) from exc
+    return CreatePod(manifest, check.line(obj))

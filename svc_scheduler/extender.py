@@ -1,0 +1,373 @@
+"""The extender's three verbs: filter (fit, pick, reserve), prioritize, bind.
+
+Filter is where the decision happens, as in HAMi: the pod is fitted phase-aware on every
+candidate node from the read model, one node is picked by the node policy, and accounting is
+asked to *reserve* at the revision the decision was computed on. A `conflict` (the node changed
+meanwhile) refreshes that node and decides again, a bounded number of times within the request
+budget. The answer keeps only the reserved node; every node that cannot hold the pod is listed
+in `FailedNodes` with HAMi's reason (e.g. `1/2 CardInsufficientMemory`), which kube-scheduler
+folds into the pod's FailedScheduling event, so `kubectl describe pod` says why it is Pending.
+
+A pod scheduled again (its earlier reservation is in its annotations) is not counted against
+itself: its reservation, as accounting holds it, is taken out of that node's usage and out of
+its namespace's quota usage before fitting. Accounting's reserve replaces it.
+
+Bind sets bind-phase `allocating` through accounting (the device plugin waits for it), then
+creates the Binding. If the Binding fails the phase becomes `failed`, so the node's device
+plugin does not wait for a pod that will not come; the next filter reserves afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
+from shared.core import codec, keys
+from shared.core.accounting import TrackedPod, total
+from shared.core.config import CoreConfig
+from shared.core.errors import CoreError
+from shared.core.fit import fit_options
+from shared.core.model import NodeSnapshot, Usage
+from shared.core.nodes import (
+    MAX_EXTENDER_PRIORITY,
+    extender_priority,
+    parse_node_policy,
+    place_pod,
+    without_pod,
+)
+from shared.core.pods import PodInfo, pod_from_object
+from shared.core.quota import QuotaLedger, QuotaProbe
+from shared.core.requests import ContainerRequest, pod_requests
+from shared.service import kube_io
+from shared.service.kube_io import Kube
+from shared.service.lifecycle import Deadline
+from shared.wire import WireError
+from svc_scheduler.extender_wire import (
+    BindingArgs,
+    ExtenderArgs,
+    binding_result,
+    error_filter_result,
+    filter_result,
+    host_priority_list,
+)
+from svc_scheduler.metrics import SchedulerMetrics
+from svc_scheduler.read_model import NodeView, ReadModel
+
+log = logging.getLogger("numafit.scheduler")
+
+DEFAULT_REQUEST_TIMEOUT = 4.0
+"""Seconds one verb may take: under kube-scheduler's default 5 s extender httpTimeout."""
+MAX_ATTEMPTS = 5
+"""Decisions per filter: the first plus recomputations after a lost revision race."""
+REMEMBERED_RESERVATIONS = 4096
+"""Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
+the annotations its own filter wrote)."""
+
+# Filter results (metric label values).
+FIT, NO_FIT, NOT_GPU, ERROR = "fit", "no_fit", "not_gpu", "error"
+RETRY_CODES = frozenset({"conflict", "quota_exceeded", "node_unavailable"})
+
+
+class FilterError(Exception):
+    """The filter cannot decide: answered with `Error`, which fails this scheduling attempt."""
+
+
+class Extender:
+    def __init__(
+        self,
+        read_model: ReadModel,
+        accounting: AccountingClient,
+        kube: Kube | None,
+        *,
+        config: CoreConfig | None = None,
+        metrics: SchedulerMetrics | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        self.read_model = read_model
+        self.accounting = accounting
+        self.kube = kube
+        self.config = config or CoreConfig()
+        self.metrics = metrics or SchedulerMetrics()
+        self.request_timeout = request_timeout
+        self.max_attempts = max_attempts
+        self._reserved: OrderedDict[str, str] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def drain(self, grace: float) -> None:
+        """Wait (bounded) for background work such as event recording."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+
+    # --- filter -----------------------------------------------------------------------------
+
+    async def filter(self, args: ExtenderArgs) -> tuple[dict[str, Any], str]:
+        """The `ExtenderFilterResult` and the metric result label."""
+        try:
+            pod = pod_from_object(args.pod)
+            requests = pod_requests(pod, self.config)
+        except CoreError as exc:
+            return error_filter_result(args, f"numafit cannot read the pod: {exc}"), ERROR
+        if all(r is None for r in requests):
+            return filter_result(args, list(args.names)), NOT_GPU
+        try:
+            return await self._filter_gpu_pod(args, pod, requests)
+        except FilterError as exc:
+            log.info("filter failed", extra={"pod": pod.key, "error": str(exc)})
+            return error_filter_result(args, str(exc)), ERROR
+
+    async def _filter_gpu_pod(
+        self, args: ExtenderArgs, pod: PodInfo, requests: list[ContainerRequest | None]
+    ) -> tuple[dict[str, Any], str]:
+        try:
+            options = fit_options(pod.annotations, self.config)
+        except CoreError as exc:
+            raise FilterError(f"numafit cannot schedule pod {pod.key}: {exc}") from exc
+        policy = parse_node_policy(pod.annotations, self.config)
+        if not args.names:
+            return filter_result(args, []), NO_FIT
+        deadline = Deadline.after_ms(self.request_timeout * 1000)
+        for attempt in range(1, self.max_attempts + 1):
+            tracked, quota, views = await self._state(pod, args.names, deadline)
+            snapshots: dict[str, NodeSnapshot | None] = {}
+            for name in args.names:
+                view = views.get(name)
+                snapshot = view.snapshot if view is not None else None
+                if snapshot is not None and tracked is not None and tracked.node == name:
+                    snapshot = without_pod(snapshot, tracked.usage)
+                snapshots[name] = snapshot
+            probe = None
+            if quota is not None and quota.limited(pod.namespace):
+                exclude = total(tracked.usage) if tracked is not None else Usage()
+                probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
+            placement = place_pod(snapshots, requests, pod.kinds, options, policy, probe)
+            if placement.chosen is None:
+                log.info(
+                    "pod fits no node",
+                    extra={"pod": pod.key, "refused": dict(placement.refused)},
+                )
+                return filter_result(args, [], placement.refused), NO_FIT
+            chosen = placement.chosen
+            chosen_view = views[chosen]
+            assert chosen_view is not None  # a node with a snapshot has a view
+            code, reply = await self._reserve(
+                pod, chosen, chosen_view, codec.encode_pod(placement.rows), deadline
+            )
+            if code == "ok":
+                revision = reply.get("revision")
+                if isinstance(revision, int):
+                    self.read_model.expect(chosen, revision)
+                self._remember(pod.uid, chosen)
+                log.info(
+                    "pod reserved",
+                    extra={
+                        "pod": pod.key,
+                        "node": chosen,
+                        "revision": chosen_view.revision,
+                        "attempt": attempt,
+                        "policy": policy.value,
+                    },
+                )
+                return filter_result(args, [chosen], placement.refused), FIT
+            if code not in RETRY_CODES:
+                raise FilterError(
+                    f"accounting refused to reserve pod {pod.key} on {chosen}: {code}: "
+                    f"{reply.get('error', '')}"
+                )
+            if code == "quota_exceeded":
+                self.read_model.forget_quota(pod.namespace)
+            else:
+                self.read_model.invalidate(chosen)
+        raise FilterError(
+            f"pod {pod.key}: every reservation lost a race with another change "
+            f"({self.max_attempts} attempts)"
+        )
+
+    async def _state(
+        self, pod: PodInfo, names: tuple[str, ...], deadline: Deadline
+    ) -> tuple[TrackedPod | None, QuotaLedger | None, dict[str, NodeView | None]]:
+        """The pod's own earlier reservation, its namespace's quota and the candidates' views,
+        fresh enough to decide on."""
+        previous = pod.annotations.get(keys.VGPU_NODE) if keys.ALLOCATED in pod.annotations else ""
+        quota = self.read_model.cached_quota(pod.namespace)
+        tracked = None
+        try:
+            if previous or quota is None:
+                context = await self.read_model.context(
+                    previous or names[0],
+                    pod_uid=pod.uid if previous else None,
+                    namespace=pod.namespace if quota is None else None,
+                    budget=self._budget(deadline),
+                )
+                tracked = context.tracked
+                quota = context.quota if quota is None else quota
+            views = await self.read_model.views(names, self._budget(deadline))
+        except AccountingUnavailable as exc:
+            raise FilterError(f"accounting unavailable: {exc}") from exc
+        except WireError as exc:
+            raise FilterError(f"bad snapshot from accounting: {exc}") from exc
+        if tracked is not None and tracked.uid != pod.uid:
+            tracked = None
+        return tracked, quota, views
+
+    def _budget(self, deadline: Deadline) -> float:
+        budget = deadline.remaining() - REPLY_MARGIN
+        if budget <= 0:
+            raise FilterError("the filter's time budget ran out")
+        return budget
+
+    async def _reserve(
+        self, pod: PodInfo, node: str, view: NodeView, allocated: str, deadline: Deadline
+    ) -> tuple[str, dict[str, Any]]:
+        try:
+            reply = await self.accounting.call(
+                "reserve",
+                node,
+                {
+                    "podUID": pod.uid,
+                    "podNamespace": pod.namespace,
+                    "podName": pod.name,
+                    "revision": view.revision,
+                    "allocated": allocated,
+                },
+                self._budget(deadline),
+            )
+        except AccountingUnavailable as exc:
+            self.metrics.reserve_attempts.labels("unavailable").inc()
+            raise FilterError(f"reserve on {node} unanswered: {exc}") from exc
+        code = "ok" if reply.get("ok") else str(reply.get("code", "api_error"))
+        self.metrics.reserve_attempts.labels(code).inc()
+        return code, reply
+
+    def _remember(self, uid: str, node: str) -> None:
+        self._reserved[uid] = node
+        self._reserved.move_to_end(uid)
+        while len(self._reserved) > REMEMBERED_RESERVATIONS:
+            self._reserved.popitem(last=False)
+
+    # --- prioritize -------------------------------------------------------------------------
+
+    async def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """`HostPriorityList` (0..10). A pod this scheduler reserved gets 10 on its node and 0
+        elsewhere (only there are its GPUs reserved); otherwise each node is scored by the
+        node policy after placing the pod on it (0 where it does not fit)."""
+        scores = dict.fromkeys(args.names, 0)
+        try:
+            pod = pod_from_object(args.pod)
+            requests = pod_requests(pod, self.config)
+            options = fit_options(pod.annotations, self.config)
+        except CoreError:
+            return host_priority_list(scores)
+        if all(r is None for r in requests):
+            return host_priority_list(scores)
+        reserved = self._reserved.get(pod.uid) or (
+            pod.annotations.get(keys.VGPU_NODE) if keys.ALLOCATED in pod.annotations else None
+        )
+        if reserved in scores:
+            scores[reserved] = MAX_EXTENDER_PRIORITY
+            return host_priority_list(scores)
+        policy = parse_node_policy(pod.annotations, self.config)
+        deadline = Deadline.after_ms(self.request_timeout * 1000)
+        try:
+            views = await self.read_model.views(args.names, self._budget(deadline))
+        except (AccountingUnavailable, WireError, FilterError):
+            return host_priority_list(scores)
+        snapshots = {n: v.snapshot if v is not None else None for n, v in views.items()}
+        placement = place_pod(snapshots, requests, pod.kinds, options, policy)
+        for name, score in placement.scores.items():
+            scores[name] = extender_priority(score, policy)
+        return host_priority_list(scores)
+
+    # --- bind -------------------------------------------------------------------------------
+
+    async def bind(self, args: BindingArgs) -> tuple[dict[str, Any], str]:
+        """`ExtenderBindingResult` and the metric result label."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        deadline = Deadline.after_ms(self.request_timeout * 1000)
+        try:
+            reply = await self.accounting.call(
+                "bind-phase",
+                args.node,
+                {"podUID": args.pod_uid, "phase": keys.PHASE_ALLOCATING},
+                deadline.remaining() - REPLY_MARGIN,
+            )
+        except AccountingUnavailable as exc:
+            return binding_result(f"accounting unavailable: {exc}"), "accounting_unavailable"
+        if not reply.get("ok"):
+            # pod_not_tracked / node_mismatch: no reservation there (filter again); conflict:
+            # the node is still allocating another pod (HAMi's node lock; bind again later).
+            code = str(reply.get("code", "api_error"))
+            message = f"cannot bind pod {key} to node {args.node}: {code}: {reply.get('error', '')}"
+            log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
+            return binding_result(message), code
+        error = await self._create_binding(args, deadline)
+        if error is None:
+            self._reserved.pop(args.pod_uid, None)
+            log.info("pod bound", extra={"pod": key, "node": args.node})
+            return binding_result(), "ok"
+        log.warning("binding failed", extra={"pod": key, "node": args.node, "error": error})
+        await self._bind_failed(args, deadline)
+        self._record_event(args, "Warning", "BindingFailed", error)
+        return binding_result(error), "binding_failed"
+
+    async def _create_binding(self, args: BindingArgs, deadline: Deadline) -> str | None:
+        """None once the pod is bound to the node (already bound there counts), else why not."""
+        if self.kube is None:
+            return "no Kubernetes client configured"
+        try:
+            async with asyncio.timeout(max(deadline.remaining(), 0.001)):
+                await self.kube.create_binding(
+                    args.pod_namespace, args.pod_name, args.pod_uid, args.node
+                )
+            return None
+        except TimeoutError:
+            return f"binding pod {args.pod_namespace}/{args.pod_name} timed out"
+        except kube_io.Conflict as exc:
+            if await self._bound_to(args) == args.node:
+                return None  # a retried bind that already landed
+            return str(exc)
+        except kube_io.KubeError as exc:
+            return str(exc)
+
+    async def _bound_to(self, args: BindingArgs) -> str | None:
+        if self.kube is None:
+            return None
+        try:
+            async with asyncio.timeout(1.0):
+                body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
+        except (TimeoutError, kube_io.KubeError):
+            return None
+        spec = body.get("spec") or {}
+        node = spec.get("nodeName")
+        return node if isinstance(node, str) else None
+
+    async def _bind_failed(self, args: BindingArgs, deadline: Deadline) -> None:
+        try:
+            await self.accounting.call(
+                "bind-phase",
+                args.node,
+                {"podUID": args.pod_uid, "phase": keys.PHASE_FAILED},
+                max(deadline.remaining() - REPLY_MARGIN, 0.25),
+            )
+        except AccountingUnavailable as exc:
+            log.warning("bind phase failed not recorded", extra={"error": str(exc)})
+
+    def _record_event(self, args: BindingArgs, event_type: str, reason: str, message: str) -> None:
+        if self.kube is None:
+            return
+        kube = self.kube
+        pod = {"namespace": args.pod_namespace, "name": args.pod_name, "uid": args.pod_uid}
+
+        async def record() -> None:
+            try:
+                async with asyncio.timeout(5):
+                    await kube.create_event(pod, event_type, reason, message)
+            except (TimeoutError, kube_io.KubeError) as exc:
+                log.warning("event not recorded", extra={"pod": args.pod_name, "error": str(exc)})
+
+        task = asyncio.create_task(record(), name="scheduler-event")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,82 @@
+"""svc_scheduler's Prometheus metrics (the filter names are fixed by DESIGN.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Resolve 0.5 ms (a filter answered from the read model) .. 2 s (a filter that waited for
+# accounting), under kube-scheduler's default 5 s extender timeout.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.filter_duration = Histogram(
+            "numafit_scheduler_filter_duration_seconds",
+            "Extender /filter handling time, from request to answer (reserve included).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.filter_total = Counter(
+            "numafit_scheduler_filter",
+            "Extender /filter calls by result: fit (reserved on a node), no_fit (no candidate "
+            "holds the pod), not_gpu (passed through), error (Error set in the answer).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reserve_attempts = Counter(
+            "numafit_scheduler_reserve_attempts",
+            "Reserve commits sent to accounting, by result (ok, conflict, or the refusal code).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.prioritize_total = Counter(
+            "numafit_scheduler_prioritize",
+            "Extender /prioritize calls by result (ok, error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.bind_total = Counter(
+            "numafit_scheduler_bind",
+            "Extender /bind calls by result (ok, or the step that failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.bind_duration = Histogram(
+            "numafit_scheduler_bind_duration_seconds",
+            "Extender /bind handling time (bind-phase write and Binding creation).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.webhook_total = Counter(
+            "numafit_scheduler_webhook",
+            "Admission reviews by result (allowed, mutated, denied) and reason.",
+            ["result", "reason"],
+            registry=self.registry,
+        )
+        self.snapshots = Counter(
+            "numafit_scheduler_read_model_snapshots",
+            "Snapshots the read model took from accounting, by scope (all, node).",
+            ["scope"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "numafit_scheduler_read_model_nodes",
+            "Nodes the read model knows (with or without a GPU inventory).",
+            registry=self.registry,
+        )

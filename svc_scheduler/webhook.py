@@ -1,0 +1,158 @@
+"""The admission webhook: AdmissionReview v1 in and out, decisions from the core.
+
+Every rule lives in `shared.core.admission`; this module adds what needs I/O (the namespace's
+ResourceQuota limits, listed through the API server) and the wire shapes:
+
+- `/webhook` (a MutatingWebhookConfiguration): refusals, or `allowed` with a base64 JSONPatch
+  (`patchType: JSONPatch`) routing the pod to the numafit scheduler and normalising its GPU
+  resources;
+- `/validate` (a ValidatingWebhookConfiguration): the same refusals, never a patch (the API
+  server rejects patches from validating webhooks). Running both catches annotations another
+  mutating webhook adds after ours.
+
+Only CREATE is judged; any other operation is allowed untouched (HAMi's rule for owned
+annotations on update needs the caller's identity, which is the RBAC's job).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from shared.core.admission import AdmissionDecision, asks_for_gpus, review_pod_creation
+from shared.core.config import CoreConfig
+from shared.core.errors import CoreError
+from shared.core.quota import QuotaLimit, limits_from_quotas
+from shared.service import kube_io
+from shared.service.kube_io import Kube
+from shared.wire import WireError
+from svc_scheduler.metrics import SchedulerMetrics
+
+log = logging.getLogger("numafit.scheduler")
+
+DEFAULT_SCHEDULER_NAME = "numafit-scheduler"
+REVIEW_API_VERSION = "admission.k8s.io/v1"
+
+QuotaSource = Callable[[str], Awaitable[QuotaLimit | None]]
+"""The explicit GPU quota limits of a namespace (None: no limits)."""
+
+
+def kube_quota_source(kube: Kube, config: CoreConfig) -> QuotaSource:
+    """Limits from the namespace's ResourceQuota objects. If they cannot be read the check is
+    skipped (accounting still enforces quota when the pod is reserved)."""
+
+    async def limits(namespace: str) -> QuotaLimit | None:
+        try:
+            quotas = await kube.list_namespaced_resource_quotas(namespace)
+            return limits_from_quotas(quotas, config).get(namespace)
+        except (kube_io.KubeError, CoreError) as exc:
+            log.warning(
+                "quota limits unavailable; admission quota check skipped",
+                extra={"namespace": namespace, "error": str(exc)},
+            )
+            return None
+
+    return limits
+
+
+class PodAdmission:
+    """Decides pod admissions; shared by the HTTP webhook and the emulator's hook."""
+
+    def __init__(
+        self,
+        *,
+        config: CoreConfig | None = None,
+        scheduler_name: str = DEFAULT_SCHEDULER_NAME,
+        quota_source: QuotaSource | None = None,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.config = config or CoreConfig()
+        self.scheduler_name = scheduler_name
+        self.quota_source = quota_source
+        self.metrics = metrics or SchedulerMetrics()
+
+    async def decide(self, operation: str, namespace: str, pod: Any) -> AdmissionDecision:
+        if operation != "CREATE":
+            decision = AdmissionDecision(True)
+        else:
+            limit = None
+            source = self.quota_source
+            if source is not None and isinstance(pod, Mapping) and asks_for_gpus(pod, self.config):
+                limit = await source(namespace)
+            decision = review_pod_creation(
+                pod,
+                namespace=namespace,
+                config=self.config,
+                scheduler_name=self.scheduler_name,
+                quota=limit,
+            )
+        self._count(decision)
+        if not decision.allowed:
+            fields = {"namespace": namespace, "reason": decision.reason, "error": decision.message}
+            log.info("pod refused", extra=fields)
+        return decision
+
+    def _count(self, decision: AdmissionDecision) -> None:
+        if not decision.allowed:
+            self.metrics.webhook_total.labels("denied", decision.reason).inc()
+        elif decision.patch:
+            self.metrics.webhook_total.labels("mutated", decision.reason).inc()
+        else:
+            self.metrics.webhook_total.labels("allowed", decision.reason).inc()
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """The parts of an AdmissionReview request the webhook reads."""
+
+    uid: str
+    operation: str
+    namespace: str
+    object: Any
+    api_version: str
+
+
+def parse_review(obj: Mapping[str, Any]) -> Review:
+    request = obj.get("request")
+    if not isinstance(request, Mapping):
+        raise WireError("AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise WireError("AdmissionReview request.uid must be a non-empty string")
+    operation = request.get("operation")
+    if not isinstance(operation, str):
+        raise WireError("AdmissionReview request.operation must be a string")
+    pod = request.get("object")
+    namespace = request.get("namespace")
+    if not isinstance(namespace, str) or not namespace:
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    api_version = obj.get("apiVersion")
+    return Review(
+        uid,
+        operation,
+        namespace if isinstance(namespace, str) and namespace else "default",
+        pod,
+        api_version if isinstance(api_version, str) else REVIEW_API_VERSION,
+    )
+
+
+def review_response(review: Review, decision: AdmissionDecision, *, mutate: bool) -> dict[str, Any]:
+    """The AdmissionReview answer; a patch only when `mutate` (mutating webhooks)."""
+    response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {
+            "status": "Failure",
+            "code": decision.code,
+            "reason": "Forbidden" if decision.code == 403 else "BadRequest",
+            "message": decision.message,
+        }
+    elif mutate and decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(list(decision.patch))).decode()
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}

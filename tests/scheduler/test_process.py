@@ -1,0 +1,125 @@
+"""`numafit run scheduler` as an operator runs it: a process beside the emulator and accounting,
+probed, scheduling one pod over HTTP, scraped, and drained by SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from shared.core import keys
+from shared.service.kube import api_client
+from shared.service.kube_io import Kube
+from tests.builders import gpu, node
+from tests.integration.harness import wait_for
+from tests.integration.test_service_processes import free_port, get, spawn
+from tests.scheduler.stack import pending_pod
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def ready(port: int) -> bool:
+    try:
+        status, _ = await get(f"http://127.0.0.1:{port}/readyz")
+    except aiohttp.ClientError:
+        return False
+    return status == 200
+
+
+async def test_scheduler_process_serves_and_drains(
+    nats_url: str, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    spawn(
+        started,
+        "kube-emulator",
+        "--port",
+        "0",
+        "--kubeconfig-out",
+        str(kubeconfig),
+        log=tmp_path / "kube.log",
+    )
+    await wait_for(kubeconfig.exists, within=20)
+    api = await api_client(str(kubeconfig))
+    kube = Kube(api, "test")
+    try:
+        response = await kube.core.create_node(
+            node("node-1", [gpu("GPU-a", 0)]), _preload_content=False
+        )
+        response.release()
+        response = await kube.core.create_namespaced_pod(
+            "ml", pending_pod("train"), _preload_content=False
+        )
+        created = orjson.loads(await response.read())
+
+        common = ["--nats-url", nats_url, "--kubeconfig", str(kubeconfig)]
+        common += ["--metrics-host", "127.0.0.1", "--log-format", "json"]
+        accounting_port, metrics_port, listen_port = free_port(), free_port(), free_port()
+        spawn(
+            started,
+            "accounting",
+            *common,
+            "--metrics-port",
+            str(accounting_port),
+            log=tmp_path / "acc.log",
+        )
+        scheduler = spawn(
+            started,
+            "scheduler",
+            *common,
+            "--metrics-port",
+            str(metrics_port),
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            str(listen_port),
+            log=tmp_path / "scheduler.log",
+        )
+        await wait_for(lambda: ready(metrics_port), within=30)
+
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"http://127.0.0.1:{listen_port}/filter",
+                json={"Pod": created, "NodeNames": ["node-1"]},
+            ) as answer,
+        ):
+            assert answer.status == 200
+            result = await answer.json()
+        assert result["NodeNames"] == ["node-1"], result
+        current = await kube.get_pod("ml", "train")
+        assert current["metadata"]["annotations"][keys.VGPU_NODE] == "node-1"
+    finally:
+        await api.close()
+
+    _, metrics = await get(f"http://127.0.0.1:{metrics_port}/metrics")
+    assert 'numafit_scheduler_filter_total{result="fit"} 1.0' in metrics
+    assert "numafit_scheduler_filter_duration_seconds_bucket" in metrics
+    assert (await get(f"http://127.0.0.1:{metrics_port}/healthz"))[0] == 200
+
+    scheduler.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(scheduler.wait, 20) == 0
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "scheduler.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    messages = [line["msg"] for line in lines]
+    assert "read model ready" in messages
+    assert "pod reserved" in messages
+    assert "draining" in messages and "stopped" in messages

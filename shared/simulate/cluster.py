@@ -19,6 +19,7 @@ from typing import Any
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
+from shared.core.accounting import TrackedPod
 from shared.kube_emulator import KubeEmulator
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator
 from shared.nats_server import NatsServer
@@ -52,6 +53,13 @@ class SimNode:
     @property
     def gpu_numa(self) -> dict[str, int]:
         return {g.uuid: g.numa for g in self.spec.gpus}
+
+    @property
+    def policy_none(self) -> bool:
+        return self.spec.topology_policy.value == "none"
+
+    def refit_outcome(self, pod_uid: str, index: int) -> str:
+        return self.plugin.allocator.outcomes.get((pod_uid, index), "none")
 
 
 @dataclass
@@ -174,6 +182,26 @@ class SimCluster:
         await asyncio.to_thread(self.nats.stop)
         for directory in [*self._socket_dirs, self.workdir]:
             shutil.rmtree(directory, ignore_errors=True)
+
+    # --- the driver's Environment -----------------------------------------------------------
+
+    @property
+    def api(self) -> Kube:
+        assert self.kube is not None
+        return self.kube
+
+    @property
+    def scheduler_url(self) -> str:
+        assert self.scheduler is not None
+        return self.scheduler.url
+
+    @property
+    def node_handles(self) -> dict[str, SimNode]:
+        return self.nodes
+
+    async def tracked(self, uid: str) -> TrackedPod | None:
+        assert self.accounting is not None
+        return self.accounting.ledger.tracked(uid)
 
     def all_registries(self) -> list[CollectorRegistry]:
         return [*self.registries.values(), *(n.registry for n in self.nodes.values())]

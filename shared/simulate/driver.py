@@ -12,20 +12,53 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from shared.core import codec, keys
+from shared.core.accounting import TrackedPod
 from shared.core.model import ContainerKind
 from shared.core.pods import pod_from_object
 from shared.core.quantity import parse_quantity
 from shared.core.replicas import physical_ids
-from shared.kubelet_emulator import AdmissionError
+from shared.kubelet_emulator import AdmissionError, KubeletEmulator
 from shared.service import kube_io
-from shared.simulate.cluster import RESOURCE, SimCluster
 from shared.simulate.scenario import CreatePod, DeletePod
+
+RESOURCE = "nvidia.com/gpu"
+
+
+class NodeHandle(Protocol):
+    """One node as the driver sees it: its kubelet, its GPUs' NUMA nodes, refit outcomes."""
+
+    kubelet: KubeletEmulator
+
+    @property
+    def gpu_numa(self) -> dict[str, int]: ...
+
+    @property
+    def policy_none(self) -> bool: ...
+
+    def refit_outcome(self, pod_uid: str, index: int) -> str: ...
+
+
+class Environment(Protocol):
+    """What the driver needs: the API, the extender's URL, the nodes, accounting's view."""
+
+    @property
+    def api(self) -> kube_io.Kube: ...
+
+    @property
+    def scheduler_url(self) -> str: ...
+
+    @property
+    def node_handles(self) -> Mapping[str, NodeHandle]: ...
+
+    async def tracked(self, uid: str) -> TrackedPod | None: ...
+
 
 log = logging.getLogger("numafit.simulate")
 
@@ -112,8 +145,8 @@ def gpu_count(container: dict[str, Any]) -> int:
 
 
 class Driver:
-    def __init__(self, cluster: SimCluster, session: aiohttp.ClientSession) -> None:
-        self.cluster = cluster
+    def __init__(self, env: Environment, session: aiohttp.ClientSession) -> None:
+        self.env = env
         self.session = session
         self.reports: dict[str, PodReport] = {}
         self.deleted: list[PodReport] = []
@@ -121,12 +154,10 @@ class Driver:
 
     @property
     def kube(self) -> kube_io.Kube:
-        assert self.cluster.kube is not None
-        return self.cluster.kube
+        return self.env.api
 
     async def _post(self, verb: str, body: Any) -> Any:
-        assert self.cluster.scheduler is not None
-        url = f"{self.cluster.scheduler.url.rstrip('/')}/{verb}"
+        url = f"{self.env.scheduler_url.rstrip('/')}/{verb}"
         async with asyncio.timeout(10), self.session.post(url, json=body) as response:
             if response.status != 200:
                 raise RuntimeError(f"extender {verb} answered {response.status}")
@@ -148,8 +179,9 @@ class Driver:
         except kube_io.NotFound:
             log.info("delete: no such pod", extra={"pod": key})
             return
-        if report is not None and report.node in self.cluster.nodes:
-            await self.cluster.nodes[report.node].kubelet.release_pod(report.uid)
+        nodes = self.env.node_handles
+        if report is not None and report.node in nodes:
+            await nodes[report.node].kubelet.release_pod(report.uid)
         if report is not None and report.uid:
             await self._settled(lambda: self._ledger_forgot(report.uid))
         if report is not None:
@@ -179,7 +211,7 @@ class Driver:
         return report
 
     async def _schedule(self, report: PodReport, pod: dict[str, Any]) -> str | None:
-        names = sorted(self.cluster.nodes)
+        names = sorted(self.env.node_handles)
         result = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
         if result.get("Error"):
             report.reason, report.message = "SchedulerError", str(result["Error"])
@@ -219,7 +251,7 @@ class Driver:
         return None
 
     async def _admit(self, report: PodReport, node: str) -> None:
-        sim = self.cluster.nodes[node]
+        sim = self.env.node_handles[node]
         current = await self.kube.get_pod(report.namespace, report.name)
         pod = pod_from_object(current)
         reserved = (
@@ -243,7 +275,7 @@ class Driver:
                     exclusive_cpus=exclusive_cpus(container),
                 )
             except AdmissionError as exc:
-                entry.refit = sim.plugin.allocator.outcomes.get((report.uid, index), "none")
+                entry.refit = sim.refit_outcome(report.uid, index)
                 report.phase = "Failed"
                 report.reason = exc.reason
                 report.message = str(exc)
@@ -258,9 +290,8 @@ class Driver:
             entry.gpus = physical_ids(admission.device_ids, known)
             entry.gpu_numa = [sim.gpu_numa[g] for g in entry.gpus]
             entry.cpu_numa = admission.cpu_numa
-            policy_none = sim.spec.topology_policy.value == "none"
-            entry.aligned = policy_none or all(n == admission.cpu_numa for n in entry.gpu_numa)
-            entry.refit = sim.plugin.allocator.outcomes.get((report.uid, index), "none")
+            entry.aligned = sim.policy_none or all(n == admission.cpu_numa for n in entry.gpu_numa)
+            entry.refit = sim.refit_outcome(report.uid, index)
         status = {
             "phase": "Running",
             "initContainerStatuses": [
@@ -278,7 +309,7 @@ class Driver:
         report.phase = "Running"
         version = updated["metadata"]["resourceVersion"]
         await self._settled(lambda: self._ledger_saw(report.uid, version))
-        tracked = self._tracked(report.uid)
+        tracked = await self.env.tracked(report.uid)
         if tracked is not None and tracked.rows is not None:
             for index, entry in enumerate(report.containers):
                 if index < len(tracked.rows):
@@ -286,23 +317,19 @@ class Driver:
 
     # --- waiting for accounting -------------------------------------------------------------
 
-    def _tracked(self, uid: str) -> Any:
-        assert self.cluster.accounting is not None
-        return self.cluster.accounting.ledger.tracked(uid)
+    async def _ledger_forgot(self, uid: str) -> bool:
+        return await self.env.tracked(uid) is None
 
-    def _ledger_forgot(self, uid: str) -> bool:
-        return self._tracked(uid) is None
-
-    def _ledger_saw(self, uid: str, version: str) -> bool:
-        tracked = self._tracked(uid)
+    async def _ledger_saw(self, uid: str, version: str) -> bool:
+        tracked = await self.env.tracked(uid)
         if tracked is None:
             return True
         current = tracked.pod.resource_version
         return bool(current.isdigit() and version.isdigit() and int(current) >= int(version))
 
-    async def _settled(self, condition: Any) -> None:
+    async def _settled(self, condition: Callable[[], Awaitable[bool]]) -> None:
         """Accounting follows the API server through its watch: wait until it has caught up
         (bounded), so the next pod is placed on settled state."""
         async with asyncio.timeout(10):
-            while not condition():  # noqa: ASYNC110 - accounting's state, owned elsewhere
+            while not await condition():  # noqa: ASYNC110 - accounting's state, owned elsewhere
                 await asyncio.sleep(0.005)

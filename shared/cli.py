@@ -241,6 +241,12 @@ def _run_kubelet_emulator(argv: list[str]) -> int:
     return run_main(argv)
 
 
+def _run_sim_node(argv: list[str]) -> int:
+    from shared.simulate.sim_node import main as run_main
+
+    return run_main(argv)
+
+
 RUN_TARGETS: dict[str, Callable[[list[str]], int]] = {
     "accounting": _run_accounting,
     "refit": _run_refit,
@@ -248,6 +254,7 @@ RUN_TARGETS: dict[str, Callable[[list[str]], int]] = {
     "deviceplugin": _run_deviceplugin,
     "kube-emulator": _run_kube_emulator,
     "kubelet-emulator": _run_kubelet_emulator,
+    "sim-node": _run_sim_node,
 }
 
 

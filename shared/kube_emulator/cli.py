@@ -14,6 +14,7 @@ import signal
 
 from shared.service.logs import configure_logging
 
+from . import kubeconfig
 from .server import KubeEmulator
 
 log = logging.getLogger("numafit.kube_emulator")
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a kubeconfig for the emulator here once it is listening",
     )
     parser.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="server URL written into the kubeconfig (default: the listen address; in compose "
+        "e.g. http://kube-emulator:8080)",
+    )
+    parser.add_argument(
         "--history-limit",
         type=int,
         default=10_000,
@@ -55,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(
-    port: int, host: str, kubeconfig_out: str | None, *, history_limit: int = 10_000
+    port: int,
+    host: str,
+    kubeconfig_out: str | None,
+    *,
+    history_limit: int = 10_000,
+    advertise_url: str | None = None,
 ) -> None:
     """Run the emulator until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
@@ -72,7 +84,10 @@ async def serve(
     try:
         async with KubeEmulator(host=host, port=port, history_limit=history_limit) as emulator:
             if kubeconfig_out:
-                emulator.write_kubeconfig(kubeconfig_out)
+                if advertise_url:
+                    kubeconfig.write(kubeconfig_out, advertise_url)
+                else:
+                    emulator.write_kubeconfig(kubeconfig_out)
                 log.info("kubeconfig written", extra={"path": kubeconfig_out})
             log.info("ready", extra={"url": emulator.url})
             await stopping.wait()
@@ -87,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level.lower(), "json")
     try:
         asyncio.run(
-            serve(args.port, args.host, args.kubeconfig_out, history_limit=args.history_limit)
+            serve(
+                args.port,
+                args.host,
+                args.kubeconfig_out,
+                history_limit=args.history_limit,
+                advertise_url=args.advertise_url,
+            )
         )
     except OSError as error:
         log.error("cannot serve", extra={"error": str(error)})

@@ -41,6 +41,8 @@ def write(path: str | os.PathLike[str], server_url: str) -> Path:
     try:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(render(server_url))
+        # Readable by the other (non-root) services sharing the file; it holds no secret.
+        os.chmod(temporary, 0o644)
         os.replace(temporary, target)
     except BaseException:
         os.unlink(temporary)

@@ -1,0 +1,199 @@
+"""compose.yaml, the Grafana dashboard and the alert rules against what numafit really runs
+and exports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared import cli
+from shared.simulate.report import public, simulate
+from shared.simulate.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DASHBOARD = ROOT / "helm" / "numafit" / "files" / "dashboard.json"
+ALERTS = ROOT / "helm" / "numafit" / "files" / "alerts.yaml"
+PROMETHEUS = ROOT / "deploy" / "compose" / "prometheus.yml"
+
+
+def parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
+    from shared.kube_emulator.cli import build_parser as kube_emulator
+    from shared.kubelet_emulator.cli import build_parser as kubelet_emulator
+    from shared.simulate.sim_node import build_parser as sim_node
+    from svc_accounting.__main__ import build_parser as accounting
+    from svc_deviceplugin.__main__ import build_parser as deviceplugin
+    from svc_refit.__main__ import build_parser as refit
+    from svc_scheduler.__main__ import build_parser as scheduler
+
+    return {
+        "accounting": accounting,
+        "refit": refit,
+        "scheduler": scheduler,
+        "deviceplugin": deviceplugin,
+        "kube-emulator": kube_emulator,
+        "kubelet-emulator": kubelet_emulator,
+        "sim-node": sim_node,
+    }
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+def numafit_services(compose: dict[str, Any]) -> dict[str, list[str]]:
+    return {
+        name: service["command"]
+        for name, service in compose["services"].items()
+        if str(service.get("image", "")).startswith("numafit/")
+    }
+
+
+def test_compose_has_every_part(compose: dict[str, Any]) -> None:
+    services = set(compose["services"])
+    assert {"nats", "kube-emulator", "accounting", "refit", "scheduler", "deviceplugin"} <= services
+    assert {"sim-node", "prometheus", "grafana"} <= services
+
+
+def test_every_command_is_a_real_target_with_valid_flags(compose: dict[str, Any]) -> None:
+    known = parsers()
+    assert set(known) == set(cli.RUN_TARGETS)
+    for name, command in numafit_services(compose).items():
+        target, *flags = command
+        assert target in cli.RUN_TARGETS, f"{name}: numafit run {target} does not exist"
+        known[target]().parse_args(flags)  # exits (fails the test) on an unknown flag
+
+
+def metrics_port(command: list[str]) -> int:
+    target, *flags = command
+    parsed = parsers()[target]().parse_args(flags)
+    port: int = parsed.metrics_port
+    return port
+
+
+def test_every_scraped_port_is_one_a_service_listens_on(compose: dict[str, Any]) -> None:
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    listening = {
+        name: metrics_port(command)
+        for name, command in numafit_services(compose).items()
+        if name != "kube-emulator"
+    }
+    scraped = [
+        t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    ]
+    assert scraped
+    for target in scraped:
+        host, port = target.rsplit(":", 1)
+        assert host in listening, f"{target}: no such compose service"
+        assert listening[host] == int(port), f"{target}: {host} listens on {listening[host]}"
+    assert set(listening) <= {t.rsplit(":", 1)[0] for t in scraped}, "a service is not scraped"
+
+
+def test_compose_mounts_exist_and_rules_are_loaded(compose: dict[str, Any]) -> None:
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+    prometheus = yaml.safe_load(PROMETHEUS.read_text())
+    assert prometheus["rule_files"] == ["/etc/prometheus/rules/numafit.yaml"]
+
+
+@pytest.fixture(scope="module")
+def exported() -> set[str]:
+    """Sample names the running system exports (the demo scenario exercises every path)."""
+    import asyncio
+
+    report = public(
+        asyncio.run(simulate(load_scenario(ROOT / "shared" / "data" / "demo-scenario.yaml")))
+    )
+    names = {key.split("{", 1)[0] for key in report["metrics"]}
+    names.add("numafit_simnode_pods_total")  # the compose-only simulated node
+    return names
+
+
+METRIC = re.compile(r"\bnumafit_[a-z0-9_]+")
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def alert_expressions() -> list[str]:
+    rules = yaml.safe_load(ALERTS.read_text())
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_promql_names_only_exported_metrics(source: str, exported: set[str]) -> None:
+    expressions = dashboard_expressions() if source == "dashboard" else alert_expressions()
+    assert expressions
+    for expr in expressions:
+        for name in METRIC.findall(expr):
+            assert name in exported, f"{name} (in {expr!r}) is not exported"
+
+
+def test_dashboard_covers_what_operators_watch() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["templating"]["list"][0]["type"] == "datasource"
+    text = " ".join(dashboard_expressions())
+    for name in (
+        "numafit_refit_requests_total",
+        "numafit_refit_duration_seconds_bucket",
+        "numafit_deviceplugin_refits_total",
+        "numafit_deviceplugin_misaligned_containers",
+        "numafit_accounting_device_memory_reserved_mib",
+        "numafit_accounting_device_cores_reserved",
+        "numafit_accounting_commits_total",
+        "numafit_scheduler_filter_duration_seconds_bucket",
+    ):
+        assert name in text
+    assert {p["id"] for p in dashboard["panels"]} == set(range(1, len(dashboard["panels"]) + 1))
+
+
+def test_alert_rules_cover_the_four_risks() -> None:
+    text = " ".join(alert_expressions())
+    assert "numafit_refit_requests_total" in text  # failure ratio
+    assert "numafit_refit_duration_seconds_bucket" in text  # p99 near the budget
+    assert 'result="conflict"' in text  # accounting conflicts
+    assert "numafit_deviceplugin_misaligned_containers" in text
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_accepts_the_rules() -> None:
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(ALERTS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_is_multistage_non_root_with_the_run_entrypoint() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.count("FROM ") >= 2 and "AS build" in text
+    assert re.search(r"^USER 10001$", text, re.M)
+    assert 'ENTRYPOINT ["numafit", "run"]' in text
+    for copied in (
+        "shared",
+        "svc_scheduler",
+        "svc_refit",
+        "svc_accounting",
+        "svc_deviceplugin",
+        "proto",
+    ):
+        assert f"COPY {copied} " in text

@@ -77,3 +77,24 @@ class AccountingClient:
         if namespace:
             body["namespace"] = namespace
         return await self.call("snapshot", node, body, budget)
+
+    async def snapshot_all(self, *, budget: float | None = None, page: int = 200) -> dict[str, Any]:
+        """Every node, fetched page by page (one NATS message cannot hold a large cluster).
+        Restarts when accounting's epoch changes between pages (it restarted meanwhile)."""
+        for _ in range(3):
+            nodes: list[Any] = []
+            after, epoch = "", None
+            while True:
+                reply = await self.call(
+                    "snapshot", subjects.ALL_NODES, {"after": after, "limit": page}, budget
+                )
+                if not reply.get("ok", True):
+                    raise AccountingUnavailable(f"snapshot refused: {reply.get('error', '')}")
+                if epoch is not None and reply.get("epoch") != epoch:
+                    break  # accounting restarted between pages: start over
+                epoch = reply.get("epoch")
+                nodes.extend(reply.get("nodes") or [])
+                if not reply.get("more"):
+                    return {"ok": True, "epoch": epoch, "nodes": nodes}
+                after = str(reply.get("next", ""))
+        raise AccountingUnavailable("accounting kept restarting during a snapshot")

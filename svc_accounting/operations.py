@@ -40,6 +40,9 @@ log = logging.getLogger("numafit.accounting")
 
 DEFAULT_WRITE_TIMEOUT = 2.0
 """Longest any single API write may take (HAMi bounds its refit patch the same way)."""
+SNAPSHOT_PAGE = 200
+SNAPSHOT_PAGE_MAX = 500
+"""Nodes per `_all` snapshot page: 200 nodes of 8 GPUs and no pods is about 300 KiB."""
 MIN_WRITE_BUDGET = 0.02
 """Below this remaining budget a write is not attempted: it could only land after the caller
 gave up (HAMi's post-timeout commit race, closed by construction)."""
@@ -331,8 +334,15 @@ class Operations:
 
     async def snapshot(self, name: str, r: Reader) -> Outcome:
         if name == subjects.ALL_NODES:
-            nodes = list(self.ledger.nodes.values())
+            # Paged by node name: a whole cluster does not fit one NATS message (1 MiB).
+            after = r.text("after", "")
+            limit = min(r.integer("limit", SNAPSHOT_PAGE, minimum=1), SNAPSHOT_PAGE_MAX)
+            names = sorted(n for n in self.ledger.nodes if n > after)
+            page = names[:limit]
+            nodes = [self.ledger.nodes[n] for n in page]
             reply = self._base(None)
+            reply["more"] = len(names) > limit
+            reply["next"] = page[-1] if page else after
         else:
             node = self.ledger.node(name)
             nodes = [node]

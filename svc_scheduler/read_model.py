@@ -215,7 +215,7 @@ class ReadModel:
 
     async def _fetch_all(self, budget: float) -> None:
         self.metrics.snapshots.labels("all").inc()
-        reply = await self.accounting.snapshot(subjects.ALL_NODES, budget=budget)
+        reply = await self.accounting.snapshot_all(budget=budget)
         self._store(reply, full=True)
 
     async def _refresh_shared(self, node: str, budget: float) -> None:

@@ -167,3 +167,13 @@ async def test_micro_service_discovery(nats_url: str, tmp_path: Path) -> None:
         )
         assert refit_info["endpoints"][0]["subject"] == "numafit.refit.v1.*"
         assert refit_info["endpoints"][0]["queue_group"] == "numafit-refit"
+
+
+async def test_cluster_snapshots_are_paged(nats_url: str, tmp_path: Path) -> None:
+    nodes = [("node", node(f"node-{i}", [gpu(f"GPU-{i}", 0)])) for i in range(5)]
+    async with harness(nats_url, tmp_path, nodes) as h:
+        first = await h.client.call("snapshot", "_all", {"limit": 2})
+        assert [n["node"] for n in first["nodes"]] == ["node-0", "node-1"]
+        assert first["more"] is True and first["next"] == "node-1"
+        everything = await h.client.snapshot_all(page=2)
+        assert [n["node"] for n in everything["nodes"]] == [f"node-{i}" for i in range(5)]

@@ -1,0 +1,329 @@
+"""`numafit bench`: the figures DESIGN.md asks for, measured in one run on this machine.
+
+- refit round trip as the device plugin sees it (a refit that moves a reservation: decision,
+  accounting's move and a resourceVersion-guarded patch), p50/p99 and throughput at 1 and 64
+  concurrent requests (64 nodes, one requester each, as 64 device plugins would), beside a bare
+  nats-py request-reply echo on the same broker;
+- extender filter latency over HTTP at 100, 1000 and 5000 nodes of 8 GPUs;
+- accounting memory per 10,000 reservations (tracemalloc, retained bytes).
+Everything is real: nats-server, the Kubernetes API emulator, the services in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from nats.aio.client import Client
+
+from shared import subjects
+from shared.core import codec, keys
+from shared.core.model import DeviceInfo
+from shared.core.pods import pod_from_object
+from shared.kube_emulator import KubeEmulator
+from shared.nats_server import NatsServer
+from shared.service import natsconn
+from shared.service.kube import api_client
+from shared.service.kube_io import Kube
+from svc_accounting.ledger import Ledger
+from svc_accounting.service import AccountingService
+from svc_refit.service import RefitService
+from svc_scheduler.service import SchedulerService
+
+Progress = Callable[[str], None]
+
+
+def _gpus(node: str) -> list[DeviceInfo]:
+    return [
+        DeviceInfo(f"GPU-{node}-{i}", i, 10, 81920, 100, "NVIDIA H100", i // 4) for i in range(8)
+    ]
+
+
+def _node(name: str) -> dict[str, Any]:
+    register = codec.encode_register(_gpus(name))
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": {keys.NODE_REGISTER: register}},
+    }
+
+
+def _pod(name: str, node: str, uuid: str | None, mem: int = 1000) -> dict[str, Any]:
+    annotations: dict[str, str] = {}
+    if uuid is not None:
+        value = f"{uuid},NVIDIA,{mem},5:;"
+        annotations = {
+            keys.VGPU_NODE: node,
+            keys.TO_ALLOCATE: value,
+            keys.ALLOCATED: value,
+            keys.BIND_PHASE: keys.PHASE_ALLOCATING,
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench", "annotations": annotations},
+        "spec": {
+            "nodeName": node if uuid is not None else None,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "x",
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}},
+                }
+            ],
+        },
+    }
+
+
+def summarize(samples: list[float], elapsed: float) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "requests": len(ordered),
+        "p50_ms": round(statistics.median(ordered) * 1e3, 3),
+        "p99_ms": round(ordered[max(int(len(ordered) * 0.99) - 1, 0)] * 1e3, 3),
+        "throughput_per_s": round(len(ordered) / elapsed, 1) if elapsed > 0 else 0.0,
+    }
+
+
+@contextlib.asynccontextmanager
+async def _control_plane(
+    objects: list[tuple[str, dict[str, Any]]], *, refit: bool, scheduler: bool, progress: Progress
+) -> AsyncIterator[tuple[str, Kube, Client, SchedulerService | None]]:
+    closers: list[Callable[[], Awaitable[Any]]] = []
+    with NatsServer() as server:
+        async with KubeEmulator() as emulator:
+            with tempfile.TemporaryDirectory() as tmp:
+                kubeconfig = str(emulator.write_kubeconfig(f"{tmp}/kubeconfig"))
+
+                async def kube(name: str) -> Kube:
+                    api = await api_client(kubeconfig)
+                    closers.append(api.close)
+                    return Kube(api, name)
+
+                async def nats(name: str) -> Client:
+                    nc = await natsconn.connect(server.url, name)
+                    closers.append(nc.close)
+                    return nc
+
+                admin = await kube("bench")
+                for number, (kind, obj) in enumerate(objects, 1):
+                    if kind == "node":
+                        await admin.create_node(obj)
+                    else:
+                        await admin.create_pod("bench", obj)
+                    if number % 500 == 0:
+                        progress(f"created {number}/{len(objects)} objects")
+                services: list[Any] = []
+                accounting = AccountingService(await nats("accounting"), await kube("accounting"))
+                await accounting.start()
+                services.append(accounting)
+                if refit:
+                    service = RefitService(await nats("refit"), await kube("refit"))
+                    await service.start()
+                    services.append(service)
+                extender = None
+                if scheduler:
+                    extender = SchedulerService(
+                        await nats("scheduler"), await kube("scheduler"), host="127.0.0.1", port=0
+                    )
+                    await extender.start()
+                    await extender.read_model.ready.wait()
+                    services.append(extender)
+                try:
+                    yield server.url, admin, await nats("bench-client"), extender
+                finally:
+                    for service in reversed(services):
+                        await service.stop(1.0)
+                    for close in reversed(closers):
+                        with contextlib.suppress(Exception):
+                            await close()
+
+
+async def bench_round_trips(requests: int, concurrency: int, progress: Progress) -> dict[str, Any]:
+    names = [f"node-{i:03d}" for i in range(concurrency)]
+    objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
+    objects += [("pod", _pod(f"pod-{n}", n, f"GPU-{n}-0")) for n in names]
+    progress(f"round trips: {concurrency} nodes, {requests} requests per series")
+    async with _control_plane(objects, refit=True, scheduler=False, progress=progress) as (
+        _,
+        admin,
+        nc,
+        _s,
+    ):
+        uids = {}
+        for n in names:
+            uids[n] = (await admin.get_pod("bench", f"pod-{n}"))["metadata"]["uid"]
+
+        async def echo(msg: Any) -> None:
+            await msg.respond(msg.data)
+
+        responder = await natsconn.connect(
+            nc.connected_url.geturl() if nc.connected_url else "", "echo"
+        )
+        try:
+            await responder.subscribe("bench.echo", cb=echo)
+            await responder.flush()
+            flip: dict[str, bool] = dict.fromkeys(names, False)
+
+            def refit_body(node: str) -> bytes:
+                flip[node] = not flip[node]
+                target = f"GPU-{node}-{4 if flip[node] else 0}"
+                return orjson.dumps(
+                    {
+                        "podUID": uids[node],
+                        "podNamespace": "bench",
+                        "podName": f"pod-{node}",
+                        "nodeName": node,
+                        "containerIndex": 0,
+                        "containerName": "app",
+                        "deviceType": "NVIDIA",
+                        "allowedDeviceUUIDs": [target],
+                        "mode": "best-effort",
+                        "timeoutMs": 2000,
+                    }
+                )
+
+            async def series(kind: str, workers: int, per_worker: int) -> dict[str, float]:
+                samples: list[float] = []
+
+                async def worker(node: str) -> None:
+                    for _ in range(per_worker):
+                        if kind == "echo":
+                            subject, payload = "bench.echo", b"x" * 300
+                        else:
+                            subject, payload = subjects.refit(node), refit_body(node)
+                        start = time.perf_counter()
+                        msg = await nc.request(subject, payload, timeout=5)
+                        samples.append(time.perf_counter() - start)
+                        if kind == "refit" and orjson.loads(msg.data)["code"] != "moved":
+                            raise RuntimeError(f"refit did not move: {msg.data!r}")
+
+                started = time.perf_counter()
+                await asyncio.gather(*(worker(n) for n in names[:workers]))
+                return summarize(samples, time.perf_counter() - started)
+
+            await series("echo", 1, max(requests // 10, 5))
+            await series("refit", 1, max(requests // 10, 5))
+            result: dict[str, Any] = {}
+            for kind in ("echo", "refit"):
+                result[kind] = {
+                    "concurrency_1": await series(kind, 1, requests),
+                    f"concurrency_{concurrency}": await series(
+                        kind, concurrency, max(requests // concurrency, 1)
+                    ),
+                }
+                progress(f"{kind}: done")
+            return result
+        finally:
+            await responder.close()
+
+
+async def bench_filter(node_counts: list[int], filters: int, progress: Progress) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for count in node_counts:
+        names = [f"node-{i:05d}" for i in range(count)]
+        objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
+        objects.append(("pod", _pod("candidate", "", None)))
+        progress(f"filter: {count} nodes of 8 GPUs")
+        async with _control_plane(objects, refit=False, scheduler=True, progress=progress) as (
+            _,
+            admin,
+            _nc,
+            extender,
+        ):
+            assert extender is not None
+            pod = await admin.get_pod("bench", "candidate")
+            samples: list[float] = []
+            async with aiohttp.ClientSession() as session:
+                url = f"{extender.url}/filter"
+                body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+                for _ in range(filters + 1):
+                    start = time.perf_counter()
+                    async with session.post(
+                        url, data=body, headers={"Content-Type": "application/json"}
+                    ) as response:
+                        answer = await response.json()
+                    samples.append(time.perf_counter() - start)
+                    if answer.get("Error") or not answer.get("NodeNames"):
+                        raise RuntimeError(f"filter failed: {answer}")
+            samples = samples[1:]  # the first pays for warming caches
+            result[str(count)] = summarize(samples, sum(samples))
+            del result[str(count)]["throughput_per_s"]
+    return result
+
+
+def bench_memory(reservations: int) -> dict[str, Any]:
+    """Retained bytes of the ledger holding `reservations` pods (tracemalloc)."""
+    nodes = max(reservations // 50, 1)
+    objects = []
+    for i in range(reservations):
+        node = f"node-{i % nodes:04d}"
+        obj = _pod(f"pod-{i}", node, f"GPU-{node}-{i % 8}")
+        obj["metadata"]["uid"] = f"uid-{i:08d}"
+        obj["metadata"]["resourceVersion"] = str(i + 1)
+        objects.append(obj)
+    ledger = Ledger()
+    for n in range(nodes):
+        name = f"node-{n:04d}"
+        ledger.set_node(name, {keys.NODE_REGISTER: codec.encode_register(_gpus(name))})
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for obj in objects:
+        ledger.observe(pod_from_object(obj))
+    for held in ledger.nodes.values():
+        _ = held.snapshot  # the cached usage snapshot is part of what the service keeps
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    total = after - before
+    return {
+        "reservations": reservations,
+        "nodes": nodes,
+        "bytes_total": total,
+        "bytes_per_reservation": round(total / reservations, 1),
+    }
+
+
+async def run_bench(quick: bool, progress: Progress) -> dict[str, Any]:
+    requests = 100 if quick else 1000
+    concurrency = 8 if quick else 64
+    node_counts = [20, 50] if quick else [100, 1000, 5000]
+    figures: dict[str, Any] = {"quick": quick}
+    figures["round_trip"] = await bench_round_trips(requests, concurrency, progress)
+    figures["filter_latency"] = await bench_filter(node_counts, 5 if quick else 20, progress)
+    progress("accounting memory")
+    figures["accounting_memory"] = bench_memory(1000 if quick else 10_000)
+    return figures
+
+
+def render(figures: dict[str, Any]) -> str:
+    lines = ["numafit bench" + (" (quick)" if figures.get("quick") else ""), ""]
+    lines.append("Round trip as the device plugin sees it (refit moves a reservation each time):")
+    for kind, label in (("echo", "bare nats-py echo"), ("refit", "refit (moved)")):
+        for name, value in figures["round_trip"][kind].items():
+            lines.append(
+                f"  {label:<18} {name:<15} p50 {value['p50_ms']:8.3f} ms  "
+                f"p99 {value['p99_ms']:8.3f} ms  {value['throughput_per_s']:9.1f} req/s  "
+                f"({value['requests']} requests)"
+            )
+    lines.append("")
+    lines.append("Extender /filter latency (HTTP, every node a candidate, 8 GPUs each):")
+    for count, value in figures["filter_latency"].items():
+        lines.append(
+            f"  {count:>5} nodes  p50 {value['p50_ms']:9.3f} ms  p99 {value['p99_ms']:9.3f} ms"
+        )
+    memory = figures["accounting_memory"]
+    lines.append("")
+    lines.append(
+        f"Accounting memory: {memory['bytes_total'] / 1048576:.1f} MiB for "
+        f"{memory['reservations']} reservations on {memory['nodes']} nodes "
+        f"({memory['bytes_per_reservation']:.0f} bytes each)"
+    )
+    return "\n".join(lines)

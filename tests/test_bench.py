@@ -1,0 +1,34 @@
+"""`numafit bench` runs and reports every figure DESIGN.md names (speed goals live in the bench,
+not in timed tests: nothing here asserts a duration)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+NUMAFIT = str(Path(sys.executable).with_name("numafit"))
+
+
+def test_quick_bench_reports_every_figure() -> None:
+    result = subprocess.run(
+        [NUMAFIT, "bench", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for kind in ("echo", "refit"):
+        series = figures["round_trip"][kind]
+        assert set(series) == {"concurrency_1", "concurrency_8"}
+        for value in series.values():
+            assert (
+                value["requests"] > 0 and value["p50_ms"] > 0 and value["p99_ms"] >= value["p50_ms"]
+            )
+            assert value["throughput_per_s"] > 0
+    assert set(figures["filter_latency"]) == {"20", "50"}
+    memory = figures["accounting_memory"]
+    assert memory["reservations"] == 1000 and memory["bytes_per_reservation"] > 0

@@ -6,6 +6,7 @@ With a Docker engine, testcontainers' NATS image is used; without one (CI here),
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 from collections.abc import Iterator
 
@@ -44,3 +45,14 @@ def nats_url() -> Iterator[str]:
             return
     with NatsServer() as server:
         yield server.url
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started (`numafit run ...`); any still running afterwards are killed."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -6,69 +6,30 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import orjson
-import pytest
 
 from shared import subjects
 from shared.service import natsconn
 from tests.integration.harness import wait_for
+from tests.integration.processes import (
+    NUMAFIT,
+    free_port,
+    get,
+    kube_emulator_process,
+    ready,
+    spawn,
+)
 
-NUMAFIT = str(Path(sys.executable).with_name("numafit"))
 WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-def spawn(
-    processes: list[subprocess.Popen[bytes]], *args: str, log: Path
-) -> subprocess.Popen[bytes]:
-    with log.open("wb") as handle:  # the child keeps its own descriptor
-        process = subprocess.Popen([NUMAFIT, "run", *args], stdout=handle, stderr=subprocess.STDOUT)
-    processes.append(process)
-    return process
-
-
-async def get(url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        return response.status, await response.text()
 
 
 async def test_services_run_probe_serve_and_drain(
     nats_url: str, tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    spawn(
-        processes,
-        "kube-emulator",
-        "--port",
-        "0",
-        "--kubeconfig-out",
-        str(kubeconfig),
-        log=tmp_path / "kube.log",
-    )
-    await wait_for(kubeconfig.exists, within=20)
+    kubeconfig = await kube_emulator_process(processes, tmp_path)
 
     # Seed the cluster through the emulator with the worked example.
     from shared.service.kube import api_client
@@ -108,13 +69,6 @@ async def test_services_run_probe_serve_and_drain(
     refit = spawn(
         processes, "refit", *common, "--metrics-port", str(refit_port), log=tmp_path / "refit.log"
     )
-
-    async def ready(port: int) -> bool:
-        try:
-            status, _ = await get(f"http://127.0.0.1:{port}/readyz")
-        except aiohttp.ClientError:
-            return False
-        return status == 200
 
     await wait_for(lambda: ready(accounting_port), within=30)
     await wait_for(lambda: ready(refit_port), within=30)

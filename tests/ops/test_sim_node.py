@@ -15,7 +15,7 @@ from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
 from svc_scheduler.service import SchedulerService
 from tests.integration.harness import harness
-from tests.integration.test_service_processes import free_port
+from tests.integration.processes import free_port
 
 TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "topology.yaml"
 

@@ -7,54 +7,24 @@ import asyncio
 import json
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
-import pytest
 
 from shared.core import keys
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
 from tests.builders import gpu, node
 from tests.integration.harness import wait_for
-from tests.integration.test_service_processes import free_port, get, spawn
+from tests.integration.processes import free_port, get, kube_emulator_process, ready, spawn
 from tests.scheduler.stack import pending_pod
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-async def ready(port: int) -> bool:
-    try:
-        status, _ = await get(f"http://127.0.0.1:{port}/readyz")
-    except aiohttp.ClientError:
-        return False
-    return status == 200
-
-
 async def test_scheduler_process_serves_and_drains(
-    nats_url: str, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    nats_url: str, tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    spawn(
-        started,
-        "kube-emulator",
-        "--port",
-        "0",
-        "--kubeconfig-out",
-        str(kubeconfig),
-        log=tmp_path / "kube.log",
-    )
-    await wait_for(kubeconfig.exists, within=20)
+    kubeconfig = await kube_emulator_process(processes, tmp_path)
     api = await api_client(str(kubeconfig))
     kube = Kube(api, "test")
     try:
@@ -71,7 +41,7 @@ async def test_scheduler_process_serves_and_drains(
         common += ["--metrics-host", "127.0.0.1", "--log-format", "json"]
         accounting_port, metrics_port, listen_port = free_port(), free_port(), free_port()
         spawn(
-            started,
+            processes,
             "accounting",
             *common,
             "--metrics-port",
@@ -79,7 +49,7 @@ async def test_scheduler_process_serves_and_drains(
             log=tmp_path / "acc.log",
         )
         scheduler = spawn(
-            started,
+            processes,
             "scheduler",
             *common,
             "--metrics-port",

@@ -15,6 +15,7 @@ import signal
 from shared.service.logs import configure_logging
 
 from . import kubeconfig
+from .remote_webhook import remote_webhook
 from .server import KubeEmulator
 
 log = logging.getLogger("numafit.kube_emulator")
@@ -47,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. http://kube-emulator:8080)",
     )
     parser.add_argument(
+        "--admission-webhook",
+        metavar="URL",
+        help="call this AdmissionReview webhook on pod creation and update, as the API server "
+        "would (e.g. numafit's http://scheduler:8888/webhook)",
+    )
+    parser.add_argument(
+        "--admission-failure-policy",
+        choices=["Fail", "Ignore"],
+        default="Fail",
+        help="when the webhook cannot be reached (default %(default)s)",
+    )
+    parser.add_argument(
         "--history-limit",
         type=int,
         default=10_000,
@@ -68,6 +81,8 @@ async def serve(
     *,
     history_limit: int = 10_000,
     advertise_url: str | None = None,
+    admission_webhook: str | None = None,
+    ignore_webhook_failure: bool = False,
 ) -> None:
     """Run the emulator until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
@@ -83,6 +98,10 @@ async def serve(
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         async with KubeEmulator(host=host, port=port, history_limit=history_limit) as emulator:
+            if admission_webhook:
+                emulator.admission = remote_webhook(
+                    admission_webhook, ignore_failure=ignore_webhook_failure
+                )
             if kubeconfig_out:
                 if advertise_url:
                     kubeconfig.write(kubeconfig_out, advertise_url)
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.kubeconfig_out,
                 history_limit=args.history_limit,
                 advertise_url=args.advertise_url,
+                admission_webhook=args.admission_webhook,
+                ignore_webhook_failure=args.admission_failure_policy == "Ignore",
             )
         )
     except OSError as error:

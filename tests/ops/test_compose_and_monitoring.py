@@ -111,16 +111,76 @@ def test_compose_mounts_exist_and_rules_are_loaded(compose: dict[str, Any]) -> N
 
 
 @pytest.fixture(scope="module")
-def exported() -> set[str]:
-    """Sample names the running system exports (the demo scenario exercises every path)."""
+def samples() -> dict[str, float]:
+    """Every sample the running system exports (the demo scenario exercises every path)."""
     import asyncio
 
-    report = public(
-        asyncio.run(simulate(load_scenario(ROOT / "shared" / "data" / "demo-scenario.yaml")))
-    )
-    names = {key.split("{", 1)[0] for key in report["metrics"]}
+    scenario = load_scenario(ROOT / "shared" / "data" / "demo-scenario.yaml")
+    metrics: dict[str, float] = public(asyncio.run(simulate(scenario)))["metrics"]
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def exported(samples: dict[str, float]) -> set[str]:
+    names = {key.split("{", 1)[0] for key in samples}
     names.add("numafit_simnode_pods_total")  # the compose-only simulated node
     return names
+
+
+DESIGN_METRICS = {
+    "numafit_refit_requests_total": {"code", "mode"},
+    "numafit_refit_duration_seconds_bucket": {"le"},
+    "numafit_deviceplugin_refits_total": {"mode", "result"},
+    "numafit_deviceplugin_misaligned_containers": set(),
+    "numafit_accounting_commits_total": {"op", "result"},
+    "numafit_accounting_device_memory_reserved_mib": {"node", "uuid"},
+    "numafit_accounting_device_cores_reserved": {"node", "uuid"},
+    "numafit_accounting_ledger_revision": {"node"},
+    "numafit_scheduler_filter_duration_seconds_bucket": {"le"},
+    "numafit_scheduler_filter_total": {"result"},
+}
+RESULTS = {
+    "moved",
+    "already_aligned",
+    "fallback",
+    "strict_failed",
+    "timeout",
+    "no_mismatch",
+    "unmappable",
+    "not_opted_in",
+}
+
+
+def test_every_design_metric_is_exported_with_its_labels(samples: dict[str, float]) -> None:
+    seen: dict[str, set[str]] = {}
+    for key in samples:
+        name, _, labels = key.partition("{")
+        seen.setdefault(name, set()).update(
+            item.split("=", 1)[0] for item in labels.rstrip("}").split(",") if item
+        )
+    for name, labels in DESIGN_METRICS.items():
+        assert name in seen, f"{name} is not exported"
+        assert seen[name] == labels, f"{name} has labels {seen[name]}, expected {labels}"
+    results = {
+        k.split('result="')[1].split('"')[0]
+        for k in samples
+        if k.startswith("numafit_deviceplugin_refits_total")
+    }
+    assert results <= RESULTS
+    assert {"moved", "strict_failed", "no_mismatch"} <= results
+
+
+@pytest.mark.parametrize(
+    "histogram", ["numafit_refit_duration_seconds", "numafit_scheduler_filter_duration_seconds"]
+)
+def test_histograms_resolve_1ms_to_2s(samples: dict[str, float], histogram: str) -> None:
+    bounds = {
+        float(k.split('le="')[1].split('"')[0])
+        for k in samples
+        if k.startswith(f"{histogram}_bucket") and 'le="+Inf"' not in k
+    }
+    assert min(bounds) <= 0.001 and 2.0 in bounds
+    assert len([b for b in bounds if 0.001 <= b <= 2.0]) >= 8
 
 
 METRIC = re.compile(r"\bnumafit_[a-z0-9_]+")

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,10 @@ SNAPSHOT_PAGE_MAX = 500
 MIN_WRITE_BUDGET = 0.02
 """Below this remaining budget a write is not attempted: it could only land after the caller
 gave up (HAMi's post-timeout commit race, closed by construction)."""
+
+
+_DEADLINE: ContextVar[Deadline | None] = ContextVar("numafit_accounting_deadline", default=None)
+"""The current request's deadline (each request runs in its own task, with its own context)."""
 
 
 class Refused(Exception):
@@ -98,14 +103,17 @@ class Operations:
             reply["revision"] = node.revision
         return reply
 
-    def _budget(self, reader: Reader) -> float:
-        """Seconds this write may take: the caller's remaining deadline, at most the cap."""
-        deadline_ms = reader.opt_integer("deadlineMs")
-        if deadline_ms is None:
+    def _budget(self) -> float:
+        """Seconds the next write may take: what is left of the caller's deadline (anchored
+        when the request arrived), at most the cap."""
+        deadline = _DEADLINE.get()
+        if deadline is None:
             return self.write_timeout
-        budget = min(Deadline.after_ms(deadline_ms).remaining(), self.write_timeout)
+        budget = min(deadline.remaining(), self.write_timeout)
         if budget < MIN_WRITE_BUDGET:
-            raise Refused("deadline_exceeded", f"only {deadline_ms} ms of budget left")
+            raise Refused(
+                "deadline_exceeded", f"only {int(budget * 1000)} ms of the caller's budget left"
+            )
         return budget
 
     def _check_revision(self, node: NodeLedger, reader: Reader) -> None:
@@ -142,8 +150,18 @@ class Operations:
         return self.ledger.observe(pod_from_object(body))
 
     async def _refresh(self, pod: PodInfo) -> None:
+        """Re-read a pod after a conflict, within what is left of the caller's budget (the
+        watch delivers the newer object anyway when there is no time left)."""
+        deadline = _DEADLINE.get()
+        budget = (
+            self.write_timeout
+            if deadline is None
+            else min(deadline.remaining(), self.write_timeout)
+        )
+        if budget < MIN_WRITE_BUDGET:
+            return
         try:
-            async with asyncio.timeout(self.write_timeout):
+            async with asyncio.timeout(budget):
                 body = await self.kube.get_pod(pod.namespace, pod.name)
             self.ledger.observe(pod_from_object(body))
         except kube_io.NotFound:
@@ -179,7 +197,7 @@ class Operations:
         if unknown:
             raise Refused("invalid_request", f"node {name} has no GPU {', '.join(unknown)}")
         uid, namespace, pod_name = r.text("podUID"), r.text("podNamespace"), r.text("podName")
-        budget = self._budget(r)
+        budget = self._budget()
         try:
             async with asyncio.timeout(budget):
                 pod = pod_from_object(await self.kube.get_pod(namespace, pod_name))
@@ -208,7 +226,7 @@ class Operations:
                 keys.BIND_PHASE: None,
                 keys.BIND_TIME: None,
             },
-            self._budget(r),
+            self._budget(),
         )
         return Outcome(self._base(node), changed | {name})
 
@@ -232,7 +250,7 @@ class Operations:
                     "is admitted",
                 )
             annotations[keys.BIND_TIME] = str(now)
-        changed = await self._patch_pod(tracked.pod, annotations, self._budget(r))
+        changed = await self._patch_pod(tracked.pod, annotations, self._budget())
         return Outcome(self._base(node), changed)
 
     async def move(self, name: str, r: Reader) -> Outcome:
@@ -275,7 +293,7 @@ class Operations:
         changed = await self._patch_pod(
             tracked.pod,
             {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated},
-            self._budget(r),
+            self._budget(),
         )
         return Outcome(self._base(node), changed)
 
@@ -291,7 +309,7 @@ class Operations:
             plan = plan_consume(tracked, devices, r.opt_integer("containerIndex"), known)
         except ConsumeError as exc:
             raise Refused("invalid_request", str(exc)) from exc
-        changed = await self._patch_pod(tracked.pod, plan.annotations, self._budget(r))
+        changed = await self._patch_pod(tracked.pod, plan.annotations, self._budget())
         if plan.drifted and self.on_drift is not None:
             self.on_drift(
                 name,
@@ -367,7 +385,7 @@ class Operations:
         value = codec.encode_register(devices)
         node = self.ledger.node(name)
         try:
-            async with asyncio.timeout(self._budget(r)):
+            async with asyncio.timeout(self._budget()):
                 body = await self.kube.patch_node_annotations(name, {keys.NODE_REGISTER: value})
         except TimeoutError as exc:
             raise Refused("deadline_exceeded", f"patch of node {name} timed out") from exc
@@ -386,6 +404,8 @@ class Operations:
         reader = Reader(body, op)
         name = node_token
         try:
+            deadline_ms = reader.opt_integer("deadlineMs")
+            _DEADLINE.set(None if deadline_ms is None else Deadline.after_ms(deadline_ms))
             if node_token != subjects.ALL_NODES:
                 name = reader.text("node")
                 if subjects.node_token(name) != node_token:

@@ -233,8 +233,7 @@ class AccountingService:
 
     def _handler(self, op: str) -> Any:
         async def handle(request: Request) -> None:
-            with self.inflight.track():
-                await self._serve(op, request)
+            await self.inflight.spawn(self._serve(op, request), name=f"accounting-{op}")
 
         return handle
 

@@ -102,22 +102,24 @@ class RefitService:
     # --- one request ------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> None:
-        with self.inflight.track():
-            started = time.perf_counter()
-            mode = "unknown"
-            try:
-                reply, mode, event_for = await self._decide(request)
-                await request.respond(dumps(reply))
-                self.metrics.requests.labels(reply["code"], mode).inc()
-                if event_for is not None:
-                    self._record_event(*event_for)
-            except Exception:
-                log.exception("refit failed unexpectedly")
-                self.metrics.requests.labels("api_error", mode).inc()
-                with contextlib.suppress(Exception):
-                    await request.respond(dumps(_failed(Code.API_ERROR, "internal error").reply()))
-            finally:
-                self.metrics.duration.observe(time.perf_counter() - started)
+        await self.inflight.spawn(self._serve(request), name="refit")
+
+    async def _serve(self, request: Request) -> None:
+        started = time.perf_counter()
+        mode = "unknown"
+        try:
+            reply, mode, event_for = await self._decide(request)
+            await request.respond(dumps(reply))
+            self.metrics.requests.labels(reply["code"], mode).inc()
+            if event_for is not None:
+                self._record_event(*event_for)
+        except Exception:
+            log.exception("refit failed unexpectedly")
+            self.metrics.requests.labels("api_error", mode).inc()
+            with contextlib.suppress(Exception):
+                await request.respond(dumps(_failed(Code.API_ERROR, "internal error").reply()))
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - started)
 
     async def _decide(
         self, request: Request

@@ -473,3 +473,39 @@ async def test_one_pod_allocates_per_node_at_a_time(nats_url: str, tmp_path: Pat
         assert (
             await h.client.call("bind-phase", "node-1", {"podUID": two, "phase": "allocating"})
         )["ok"]
+
+
+async def test_a_slow_write_on_one_node_does_not_hold_up_another(
+    nats_url: str, tmp_path: Path
+) -> None:
+    objects: list[tuple[str, dict[str, Any]]] = []
+    for name, uuid in (("node-1", "GPU-a"), ("node-2", "GPU-b")):
+        objects.append(("node", node(name, [gpu(uuid, 0)])))
+        objects.append(
+            (
+                "pod",
+                for_create(
+                    pod(
+                        f"on-{name}",
+                        containers=[container("app", 1, 1000)],
+                        namespace="ml",
+                        node_name=name,
+                        allocated=f"{uuid},NVIDIA,1000,0:;",
+                    )
+                ),
+            )
+        )
+    async with harness(nats_url, tmp_path, objects) as h:
+        slow = (await h.pod("ml", "on-node-1"))["metadata"]["uid"]
+        fast = (await h.pod("ml", "on-node-2"))["metadata"]["uid"]
+        h.emulator.faults.add(method="PATCH", path_regex=r"/pods/on-node-1$", delay_s=1.0, times=1)
+        first = asyncio.create_task(
+            h.client.call("consume", "node-1", {"podUID": slow, "devices": ["GPU-a"]}, budget=5)
+        )
+        await wait_for(lambda: not h.emulator.faults.rules())  # the slow PATCH is in flight
+        second = asyncio.create_task(
+            h.client.call("consume", "node-2", {"podUID": fast, "devices": ["GPU-b"]}, budget=5)
+        )
+        done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {second}  # node-2's write did not wait behind node-1's
+        assert (await second)["ok"] and (await first)["ok"]

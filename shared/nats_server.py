@@ -37,9 +37,17 @@ class NatsServer:
     """`with NatsServer() as server: server.url` — a private broker on 127.0.0.1."""
 
     def __init__(
-        self, *, port: int | None = None, jetstream: bool = False, startup_timeout: float = 10.0
+        self,
+        *,
+        port: int | None = None,
+        jetstream: bool = False,
+        startup_timeout: float = 10.0,
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
+        self.config = config
+        self.env = env
         self.jetstream = jetstream
         self.startup_timeout = startup_timeout
         self.url = ""
@@ -53,8 +61,11 @@ class NatsServer:
         args = [find_binary(), "-a", "127.0.0.1", "-p", port, "--ports_file_dir", str(workdir)]
         if self.jetstream:
             args += ["-js", "-sd", str(workdir / "js")]
+        if self.config is not None:
+            args += ["-c", str(self.config)]
+        environment = {**os.environ, **(self.env or {})}
         self._process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir, env=environment
         )
         ports = workdir / f"nats-server_{self._process.pid}.ports"
         deadline = time.monotonic() + self.startup_timeout

@@ -21,6 +21,7 @@ async def connect(
     connect_timeout: float = 2.0,
     initial_timeout: float = 30.0,
     on_reconnect: list[ReconnectHook] | None = None,
+    inbox_prefix: str = "_INBOX",
 ) -> Client:
     """Connect, then reconnect forever; `on_reconnect` hooks (the list may grow after connect)
     run after every reconnect, e.g. to republish state readers may have missed."""
@@ -47,7 +48,9 @@ async def connect(
     servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
         async with asyncio.timeout(initial_timeout):
-            nc = await _connect(servers, name, connect_timeout, disconnected, reconnected, error)
+            nc = await _connect(
+                servers, name, connect_timeout, inbox_prefix, disconnected, reconnected, error
+            )
             client.append(nc)
             return nc
     except TimeoutError as exc:
@@ -58,6 +61,7 @@ async def _connect(
     servers: list[str],
     name: str,
     connect_timeout: float,
+    inbox_prefix: str,
     disconnected: Callable[[], Awaitable[None]],
     reconnected: Callable[[], Awaitable[None]],
     error: Callable[[Exception], Awaitable[None]],
@@ -66,6 +70,7 @@ async def _connect(
         servers=servers,
         name=name,
         connect_timeout=connect_timeout,
+        inbox_prefix=inbox_prefix,
         allow_reconnect=True,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,

@@ -64,6 +64,7 @@ async def serve(
             name,
             initial_timeout=settings.nats_connect_timeout,
             on_reconnect=reconnect_hooks,
+            inbox_prefix=settings.nats_inbox_prefix,
         )
         if use_kube:
             api = await api_client(settings.kubeconfig)

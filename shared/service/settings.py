@@ -23,6 +23,8 @@ class CommonSettings:
     """How long SIGTERM waits for in-flight requests before closing."""
     nats_connect_timeout: float = 30.0
     """How long the first NATS connection may take before the service gives up (exit 1)."""
+    nats_inbox_prefix: str = "_INBOX"
+    """Subject prefix of this client's reply inboxes (per-user prefixes keep replies private)."""
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: int) -> None:
@@ -73,6 +75,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: 
 
 def _add_connect_timeout(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
+        "--nats-inbox-prefix",
+        default=os.environ.get("NUMAFIT_NATS_INBOX_PREFIX", "_INBOX"),
+        help="reply-inbox subject prefix (env NUMAFIT_NATS_INBOX_PREFIX; default %(default)s); "
+        "with per-user NATS permissions give each user its own, e.g. _INBOX_node-1",
+    )
+    group.add_argument(
         "--nats-connect-timeout",
         type=float,
         default=float(os.environ.get("NUMAFIT_NATS_CONNECT_TIMEOUT", "30")),
@@ -91,4 +99,5 @@ def common_from_args(args: argparse.Namespace) -> CommonSettings:
         log_format=args.log_format,
         grace_seconds=args.grace_seconds,
         nats_connect_timeout=args.nats_connect_timeout,
+        nats_inbox_prefix=args.nats_inbox_prefix,
     )

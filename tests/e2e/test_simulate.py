@@ -15,6 +15,7 @@ from shared.simulate.report import public, simulate
 from shared.simulate.scenario import ScenarioError, load_scenario, parse_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "demo-scenario.yaml"
 NUMAFIT = str(Path(sys.executable).with_name("numafit"))
 
 
@@ -217,3 +218,32 @@ def test_demo_shows_the_story() -> None:
     assert "POD" in out and "REFIT" in out and "GPU usage" in out
     assert "so the refit moved the reservation" in out
     assert "strict_failed" in out and "refused:no_fit" in out and "AdmissionDenied" in out
+
+
+async def test_the_ledger_always_equals_a_rebuild_from_the_annotations() -> None:
+    """The durable record is the pod annotations: after the whole demo (refits, fallbacks,
+    drift, init shrink, deletion), a ledger rebuilt from the API equals the live one."""
+    from shared.core.pods import pod_from_object
+    from shared.simulate.cluster import SimCluster
+    from svc_accounting.ledger import Ledger
+
+    compared: list[str] = []
+
+    async def rebuild_and_compare(cluster: SimCluster) -> None:
+        assert cluster.accounting is not None
+        live = cluster.accounting.ledger
+        rebuilt = Ledger()
+        nodes, _ = await cluster.api.list_nodes()
+        for obj in nodes:
+            rebuilt.set_node(obj["metadata"]["name"], obj["metadata"].get("annotations") or {})
+        pods, _ = await cluster.api.list_pods()
+        for obj in pods:
+            rebuilt.observe(pod_from_object(obj))
+        for name in cluster.nodes:
+            assert rebuilt.node(name).usage_table() == live.node(name).usage_table()
+            compared.append(name)
+        assert set(rebuilt.pod_node) == set(live.pod_node)
+        assert rebuilt.quota.used == live.quota.used
+
+    await simulate(load_scenario(DEMO), keep=rebuild_and_compare)
+    assert compared == ["gpu-node-1"]

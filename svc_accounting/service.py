@@ -27,6 +27,7 @@ from shared.service import kube_io
 from shared.service.health import Readiness
 from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
+from shared.service.tasks import TaskSet
 from shared.wire import WireError, dumps, loads_object
 from svc_accounting.ledger import Ledger, NodeLedger
 from svc_accounting.metrics import AccountingMetrics
@@ -60,7 +61,7 @@ class AccountingService:
         )
         self.quota_resync_seconds = quota_resync_seconds
         self._service: Service | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskSet()
         self.inflight = InFlight()
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -68,9 +69,9 @@ class AccountingService:
     async def start(self) -> None:
         pods_rv, nodes_rv = await self.rebuild()
         self.readiness.set("ledger")
-        self._spawn(self._watch_loop("pods", pods_rv), "watch-pods")
-        self._spawn(self._watch_loop("nodes", nodes_rv), "watch-nodes")
-        self._spawn(self._quota_loop(), "quota-resync")
+        self.tasks.spawn(self._watch_loop("pods", pods_rv), "watch-pods")
+        self.tasks.spawn(self._watch_loop("nodes", nodes_rv), "watch-nodes")
+        self.tasks.spawn(self._quota_loop(), "quota-resync")
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -102,21 +103,7 @@ class AccountingService:
             await self._service.stop()
             self._service = None
         await self.inflight.wait_idle(grace)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "background task failed", extra={"task": task.get_name()}, exc_info=task.exception()
-            )
+        await self.tasks.stop()
 
     async def on_reconnect(self) -> None:
         """Readers may have missed updates while the connection was down: republish all."""
@@ -282,4 +269,4 @@ class AccountingService:
             except (TimeoutError, kube_io.KubeError) as exc:
                 log.warning("event not recorded", extra={"pod": pod.key, "error": str(exc)})
 
-        self._spawn(record(), "drift-event")
+        self.tasks.spawn(record(), "drift-event")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from nats.aio.client import Client
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core import codec
 from shared.service.health import Readiness
+from shared.service.tasks import TaskSet
 from svc_deviceplugin.allocator import Allocator
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import GpuBackend, GpuInfo
@@ -50,7 +50,7 @@ class DevicePluginService:
         self.accounting = AccountingClient(nc, config.accounting_timeout)
         self.inventory_registered = asyncio.Event()
         self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskSet()
 
     def replicas(self) -> list[Replica]:
         return replicas(self.gpus, self.config.replicas)
@@ -62,37 +62,23 @@ class DevicePluginService:
             (self._health_loop(), "health"),
             (self._reconcile_loop(), "reconcile"),
         ):
-            task = asyncio.create_task(coro, name=name)
-            self._tasks.add(task)
-            task.add_done_callback(self._done)
-        self._tasks.add(asyncio.create_task(self._ready(), name="ready"))
+            self.tasks.spawn(coro, name)
+        self.tasks.spawn(self._ready(), "ready")
 
     async def _ready(self) -> None:
         await self.server.registered.wait()
         self.readiness.set("registered")
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("task failed", extra={"task": task.get_name()}, exc_info=task.exception())
-
     async def stop(self, grace: float) -> None:
         self.readiness.draining = True
         self._stop.set()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.stop(grace)
         self.backend.close()
 
     async def on_reconnect(self) -> None:
         """Accounting may have restarted while we were away: register the inventory again."""
         self.inventory_registered.clear()
-        task = asyncio.create_task(self._register_inventory(), name="inventory")
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
+        self.tasks.spawn(self._register_inventory(), "inventory")
 
     async def _register_inventory(self) -> None:
         """Write the node's GPUs through accounting (HAMi's register annotation), retrying

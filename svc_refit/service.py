@@ -38,6 +38,7 @@ from shared.service.health import Readiness
 from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
+from shared.service.tasks import TaskSet
 from shared.wire import WireError, dumps, loads_object
 from svc_refit.metrics import RefitMetrics
 from svc_refit.read_model import ReadModel
@@ -66,7 +67,7 @@ class RefitService:
         self.accounting = AccountingClient(nc)
         self.read_model = ReadModel(nc, self.accounting)
         self._service: Service | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet()
         self.inflight = InFlight()
 
     async def start(self) -> None:
@@ -95,9 +96,7 @@ class RefitService:
             self._service = None
         await self.inflight.wait_idle(grace)
         await self.read_model.stop()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.stop(grace)  # events still being recorded
 
     # --- one request ------------------------------------------------------------------------
 
@@ -240,9 +239,7 @@ class RefitService:
             except (TimeoutError, kube_io.KubeError) as exc:
                 log.warning("event not recorded", extra={"pod": pod["name"], "error": str(exc)})
 
-        task = asyncio.create_task(record(), name="refit-event")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.spawn(record(), "refit-event")
 
 
 def _invalid(message: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from shared.core.requests import ContainerRequest, pod_requests
 from shared.service import kube_io
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
+from shared.service.tasks import TaskSet
 from shared.wire import WireError
 from svc_scheduler.extender_wire import (
     BindingArgs,
@@ -95,12 +96,11 @@ class Extender:
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self._reserved: OrderedDict[str, str] = OrderedDict()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet()
 
     async def drain(self, grace: float) -> None:
         """Wait (bounded) for background work such as event recording."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=grace)
+        await self.tasks.stop(grace)
 
     # --- filter -----------------------------------------------------------------------------
 
@@ -368,6 +368,4 @@ class Extender:
             except (TimeoutError, kube_io.KubeError) as exc:
                 log.warning("event not recorded", extra={"pod": args.pod_name, "error": str(exc)})
 
-        task = asyncio.create_task(record(), name="scheduler-event")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.spawn(record(), "scheduler-event")

@@ -2,10 +2,17 @@
 
 Node names become one subject token: every `.` is replaced by `_` (DESIGN.md), so a node's
 subjects can be granted to that node alone with one permission entry.
+
+Every name is validated before it becomes a token. A Kubernetes node name is a DNS-1123
+subdomain of at most 253 characters; anything else (whitespace, a wildcard, 5,000 characters)
+would make a subject nats-server refuses, and a protocol line over its `max_control_line` (4096)
+makes the server close the whole connection. So an invalid name is refused here, with
+`InvalidName`, and never reaches the client library.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 REFIT_PREFIX: Final = "numafit.refit.v1"
@@ -32,10 +39,58 @@ ACCOUNTING_OPS: Final = (
 ALL_NODES: Final = "_all"
 """The node token of a cluster-wide snapshot request."""
 
+MAX_NAME_LENGTH: Final = 253
+"""Kubernetes object names (DNS-1123 subdomain) are at most 253 characters."""
+
+_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_TOKEN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(_[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SHOWN: Final = 64
+
+
+class InvalidName(ValueError):
+    """A name that is not a Kubernetes name, so it can never be a subject token."""
+
+
+def shown(text: str, limit: int = _SHOWN) -> str:
+    """`text` for an error message or log line: repr'd and cut, so unbounded input stays
+    bounded wherever it is echoed."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def valid_name(name: object) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME_LENGTH
+        and _SUBDOMAIN.fullmatch(name) is not None
+    )
+
+
+def check_name(name: object, what: str = "node name") -> str:
+    """`name` when it is a DNS-1123 subdomain of at most 253 characters, else `InvalidName`."""
+    if not isinstance(name, str):
+        raise InvalidName(f"{what} must be a string")
+    if not name:
+        raise InvalidName(f"{what} is empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(f"{what} is {len(name)} characters long; at most {MAX_NAME_LENGTH}")
+    if _SUBDOMAIN.fullmatch(name) is None:
+        raise InvalidName(
+            f"{what} {shown(name)} is not a Kubernetes name (lower-case letters, digits, '-' "
+            "and '.')"
+        )
+    return name
+
+
+def valid_token(token: str) -> bool:
+    """Is `token` the subject token of some valid node name?"""
+    return 0 < len(token) <= MAX_NAME_LENGTH and _TOKEN.fullmatch(token) is not None
+
 
 def node_token(node: str) -> str:
-    """The subject token of a node name."""
-    return node.replace(".", "_")
+    """The subject token of a node name (`InvalidName` when it is not one)."""
+    return check_name(node).replace(".", "_")
 
 
 def refit(node: str) -> str:
@@ -45,6 +100,10 @@ def refit(node: str) -> str:
 def accounting(op: str, node: str) -> str:
     if op not in ACCOUNTING_OPS:
         raise ValueError(f"unknown accounting operation {op!r}")
+    if node == ALL_NODES:
+        if op != "snapshot":
+            raise ValueError(f"{op} cannot address every node")
+        return f"{ACCOUNTING_PREFIX}.snapshot.{ALL_NODES}"
     return f"{ACCOUNTING_PREFIX}.{op}.{node_token(node)}"
 
 

@@ -2,14 +2,21 @@
 
 Liveness never depends on NATS or the API server (a shared outage must not restart every pod);
 readiness does: a service is ready once each named condition (ledger rebuilt, subscriptions
-flushed, ...) is set.
+flushed, ...) is set. A service that can no longer do its job at all (its NATS connection closed
+for good, an eternal loop ended) calls `Readiness.fail`: readiness fails for good and the run
+loop stops the process with exit 1, so Kubernetes restarts it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger("numafit")
 
 
 class Readiness:
@@ -18,17 +25,41 @@ class Readiness:
     def __init__(self, *conditions: str) -> None:
         self._state = dict.fromkeys(conditions, False)
         self.draining = False
+        self.failure: str | None = None
+        self._failed: asyncio.Event | None = None
+
+    def fail(self, reason: str) -> None:
+        """The service cannot do its job any more: not ready from now on, and the run loop
+        (waiting on `failed`) stops the process with exit 1. The first reason is kept."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.error("service failed; stopping", extra={"reason": reason})
+        self.failed.set()
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once `fail` was called (created lazily: it binds to the running loop)."""
+        if self._failed is None:
+            self._failed = asyncio.Event()
+            if self.failure is not None:
+                self._failed.set()
+        return self._failed
 
     def set(self, condition: str, value: bool = True) -> None:
         self._state[condition] = value
 
     @property
     def ready(self) -> bool:
-        return not self.draining and all(self._state.values())
+        return self.failure is None and not self.draining and all(self._state.values())
 
     def missing(self) -> list[str]:
         missing = [name for name, ok in self._state.items() if not ok]
-        return ["draining", *missing] if self.draining else missing
+        if self.draining:
+            missing.insert(0, "draining")
+        if self.failure is not None:
+            missing.insert(0, f"failed ({self.failure})")
+        return missing
 
 
 class HealthServer:

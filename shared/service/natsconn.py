@@ -1,8 +1,14 @@
-"""One NATS connection per service, reconnecting forever and saying so in the logs."""
+"""One NATS connection per service, reconnecting forever and saying so in the logs.
+
+nats-py gives up on a connection the server closed for a protocol error (an over-long control
+line, say) and never reconnects: such a connection is closed for good. `on_closed` is called
+then, unless the service itself is closing it, so the service can fail readiness and exit.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -13,6 +19,9 @@ log = logging.getLogger("numafit.nats")
 
 ReconnectHook = Callable[[], Awaitable[None]]
 
+DRAIN_TIMEOUT = 2.0
+"""Seconds a drain at shutdown may take (nats-py's default is 30, past any grace period)."""
+
 
 async def connect(
     url: str,
@@ -22,11 +31,15 @@ async def connect(
     initial_timeout: float = 30.0,
     on_reconnect: list[ReconnectHook] | None = None,
     inbox_prefix: str = "_INBOX",
+    on_closed: Callable[[str], None] | None = None,
+    reconnect_wait: float = 0.5,
 ) -> Client:
     """Connect, then reconnect forever; `on_reconnect` hooks (the list may grow after connect)
-    run after every reconnect, e.g. to republish state readers may have missed."""
+    run after every reconnect, e.g. to republish state readers may have missed. `on_closed`
+    gets a reason when the connection is closed without the service asking."""
     hooks = on_reconnect if on_reconnect is not None else []
     client: list[Client] = []
+    warned = [False]
 
     async def disconnected() -> None:
         if client and (client[0].is_closed or client[0].is_draining):
@@ -34,7 +47,18 @@ async def connect(
             return
         log.warning("nats disconnected", extra={"client": name})
 
+    async def closed() -> None:
+        nc = client[0] if client else None
+        if nc is None or getattr(nc, "_numafit_closing", False):
+            return
+        last = nc.last_error
+        reason = "NATS connection closed" + (f": {last!r}" if last is not None else "")
+        log.error("nats connection closed for good", extra={"client": name, "error": repr(last)})
+        if on_closed is not None:
+            on_closed(reason)
+
     async def reconnected() -> None:
+        warned[0] = False
         log.info("nats reconnected", extra={"client": name})
         for hook in list(hooks):
             try:
@@ -43,13 +67,30 @@ async def connect(
                 log.exception("reconnect hook failed", extra={"client": name})
 
     async def error(exc: Exception) -> None:
-        log.warning("nats error", extra={"client": name, "error": str(exc)})
+        # While the server is down every reconnect attempt fails the same way: say it once
+        # per outage, not twice a second.
+        if isinstance(exc, (ConnectionRefusedError, OSError)) and warned[0]:
+            log.debug("nats error", extra={"client": name, "error": str(exc)})
+            return
+        warned[0] = isinstance(exc, OSError)
+        log.warning("nats error", extra={"client": name, "error": str(exc)[:200]})
 
     servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
         async with asyncio.timeout(initial_timeout):
-            nc = await _connect(
-                servers, name, connect_timeout, inbox_prefix, disconnected, reconnected, error
+            nc = await nats.connect(
+                servers=servers,
+                name=name,
+                connect_timeout=connect_timeout,
+                inbox_prefix=inbox_prefix,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=reconnect_wait,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                closed_cb=closed,
+                error_cb=error,
+                drain_timeout=DRAIN_TIMEOUT,
             )
             client.append(nc)
             return nc
@@ -57,24 +98,12 @@ async def connect(
         raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
 
 
-async def _connect(
-    servers: list[str],
-    name: str,
-    connect_timeout: float,
-    inbox_prefix: str,
-    disconnected: Callable[[], Awaitable[None]],
-    reconnected: Callable[[], Awaitable[None]],
-    error: Callable[[Exception], Awaitable[None]],
-) -> Client:
-    return await nats.connect(
-        servers=servers,
-        name=name,
-        connect_timeout=connect_timeout,
-        inbox_prefix=inbox_prefix,
-        allow_reconnect=True,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        disconnected_cb=disconnected,
-        reconnected_cb=reconnected,
-        error_cb=error,
-    )
+async def close(nc: Client) -> None:
+    """Drain and close a connection at shutdown, bounded; `on_closed` is not called for it."""
+    nc._numafit_closing = True  # type: ignore[attr-defined]
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT + 0.5):
+            await nc.drain()
+    except Exception:
+        with contextlib.suppress(Exception):
+            await nc.close()

@@ -1,7 +1,9 @@
 """The run loop every service shares.
 
-health server up -> NATS and Kubernetes clients -> service.start() -> wait for SIGTERM ->
-readiness fails, service.stop(grace) finishes in-flight work -> NATS drained -> clients closed
+health server up -> NATS and Kubernetes clients -> service.start() -> wait for SIGTERM (or a
+failure: the NATS connection closed for good, an eternal task ended) -> readiness fails,
+service.stop(grace) finishes in-flight work -> NATS drained (bounded) -> clients closed. The
+whole shutdown fits in one grace period; a failure ends the process with exit 1.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from shared.service.logs import configure_logging
 from shared.service.settings import CommonSettings
 
 log = logging.getLogger("numafit")
+
+
+class ServiceFailed(Exception):
+    """The service stopped because it could no longer do its job (exit 1)."""
 
 
 class Service(Protocol):
@@ -66,6 +72,7 @@ async def serve(
             initial_timeout=settings.nats_connect_timeout,
             on_reconnect=reconnect_hooks,
             inbox_prefix=settings.nats_inbox_prefix,
+            on_closed=readiness.fail,
         )
         if use_kube:
             api = await api_client(settings.kubeconfig)
@@ -74,19 +81,54 @@ async def serve(
         hook = getattr(service, "on_reconnect", None)
         if hook is not None:
             reconnect_hooks.append(hook)
-        await service.start()
+        await _until_failed(service.start(), readiness)
         settle_heap()
-        await stop.wait()
+        await _first(stop.wait(), readiness.failed.wait())
+        readiness.draining = True
         log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
-        await service.stop(settings.grace_seconds)
+        # One grace period for the whole stop: what the service does not finish in time is
+        # cancelled, and the NATS drain and client close below are bounded on their own.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settings.grace_seconds):
+                await service.stop(settings.grace_seconds * 0.9)
     finally:
         if nc is not None:
-            with contextlib.suppress(Exception):
-                await nc.drain()
+            await natsconn.close(nc)
         if api is not None:
-            await api.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await api.close()
         await health.stop()
         log.info("stopped", extra={"service": name})
+    if readiness.failure is not None:
+        raise ServiceFailed(readiness.failure)
+
+
+async def _first(*waits: Awaitable[object]) -> None:
+    """Return when the first of `waits` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until_failed(work: Awaitable[None], readiness: Readiness) -> None:
+    """Run `work` (start-up), abandoning it when the service fails meanwhile."""
+    task = asyncio.ensure_future(work)
+    failed = asyncio.ensure_future(readiness.failed.wait())
+    try:
+        await asyncio.wait([task, failed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        failed.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(failed, return_exceptions=True)
+    if task.cancelled():
+        raise ServiceFailed(readiness.failure or "start-up cancelled")
+    task.result()
 
 
 def settle_heap() -> None:

@@ -24,6 +24,7 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+from shared import subjects
 from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, total
@@ -63,6 +64,12 @@ DEFAULT_REQUEST_TIMEOUT = 4.0
 """Seconds one verb may take: under kube-scheduler's default 5 s extender httpTimeout."""
 MAX_ATTEMPTS = 5
 """Decisions per filter: the first plus recomputations after a lost revision race."""
+FAILURE_RESERVE = 0.3
+"""Seconds of a bind's budget kept back for recording `failed` when the Binding fails, so the
+node's lock is released within the same deadline."""
+EVENT_TIMEOUT = 2.0
+"""Longest an Event write may take (events are best effort, off the request path)."""
+MAX_UID_LENGTH = 128
 REMEMBERED_RESERVATIONS = 4096
 """Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
 the annotations its own filter wrote)."""
@@ -108,9 +115,14 @@ class Extender:
         """The `ExtenderFilterResult` and the metric result label."""
         try:
             pod = pod_from_object(args.pod)
+            check_pod_identity(pod.namespace, pod.name, pod.uid)
             requests = pod_requests(pod, self.config)
-        except CoreError as exc:
+        except (CoreError, subjects.InvalidName) as exc:
             return error_filter_result(args, f"numafit cannot read the pod: {exc}"), ERROR
+        try:
+            check_node_names(args.names)
+        except subjects.InvalidName as exc:
+            return error_filter_result(args, str(exc)), ERROR
         if all(r is None for r in requests):
             return filter_result(args, list(args.names)), NOT_GPU
         try:
@@ -147,7 +159,11 @@ class Extender:
             if placement.chosen is None:
                 log.info(
                     "pod fits no node",
-                    extra={"pod": pod.key, "refused": dict(placement.refused)},
+                    extra={
+                        "pod": pod.key,
+                        "nodes": len(placement.refused),
+                        "refused": dict(list(placement.refused.items())[:8]),
+                    },
                 )
                 return filter_result(args, [], placement.refused), NO_FIT
             chosen = placement.chosen
@@ -175,7 +191,7 @@ class Extender:
             if code not in RETRY_CODES:
                 raise FilterError(
                     f"accounting refused to reserve pod {pod.key} on {chosen}: {code}: "
-                    f"{reply.get('error', '')}"
+                    f"{str(reply.get('error', ''))[:300]}"
                 )
             if code == "quota_exceeded":
                 self.read_model.forget_quota(pod.namespace)
@@ -194,10 +210,13 @@ class Extender:
         previous = pod.annotations.get(keys.VGPU_NODE) if keys.ALLOCATED in pod.annotations else ""
         quota = self.read_model.cached_quota(pod.namespace)
         tracked = None
+        # The quota rides along a node snapshot: ask on a node accounting knows, never on a
+        # name from the request that may be made up.
+        anchor = previous or next((n for n in names if self.read_model.view(n) is not None), "")
         try:
-            if previous or quota is None:
+            if anchor and subjects.valid_name(anchor) and (previous or quota is None):
                 context = await self.read_model.context(
-                    previous or names[0],
+                    anchor,
                     pod_uid=pod.uid if previous else None,
                     namespace=pod.namespace if quota is None else None,
                     budget=self._budget(deadline),
@@ -255,6 +274,7 @@ class Extender:
         elsewhere (only there are its GPUs reserved); otherwise each node is scored by the
         node policy after placing the pod on it (0 where it does not fit)."""
         scores = dict.fromkeys(args.names, 0)
+        names = [n for n in args.names if subjects.valid_name(n)]  # others can only score 0
         try:
             pod = pod_from_object(args.pod)
             requests = pod_requests(pod, self.config)
@@ -272,7 +292,7 @@ class Extender:
         policy = parse_node_policy(pod.annotations, self.config)
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         try:
-            views = await self.read_model.views(args.names, self._budget(deadline))
+            views = await self.read_model.views(names, self._budget(deadline))
         except (AccountingUnavailable, WireError, FilterError):
             return host_priority_list(scores)
         snapshots = {n: v.snapshot if v is not None else None for n, v in views.items()}
@@ -285,6 +305,11 @@ class Extender:
 
     async def bind(self, args: BindingArgs) -> tuple[dict[str, Any], str]:
         """`ExtenderBindingResult` and the metric result label."""
+        try:
+            check_pod_identity(args.pod_namespace, args.pod_name, args.pod_uid)
+            subjects.check_name(args.node, "Node")
+        except subjects.InvalidName as exc:
+            return binding_result(f"ExtenderBindingArgs: {exc}"), "invalid_request"
         key = f"{args.pod_namespace}/{args.pod_name}"
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         try:
@@ -292,15 +317,16 @@ class Extender:
                 "bind-phase",
                 args.node,
                 {"podUID": args.pod_uid, "phase": keys.PHASE_ALLOCATING},
-                deadline.remaining() - REPLY_MARGIN,
+                self._bind_budget(deadline, FAILURE_RESERVE),
             )
-        except AccountingUnavailable as exc:
+        except (AccountingUnavailable, FilterError) as exc:
             return binding_result(f"accounting unavailable: {exc}"), "accounting_unavailable"
         if not reply.get("ok"):
             # pod_not_tracked / node_mismatch: no reservation there (filter again); conflict:
             # the node is still allocating another pod (HAMi's node lock; bind again later).
             code = str(reply.get("code", "api_error"))
-            message = f"cannot bind pod {key} to node {args.node}: {code}: {reply.get('error', '')}"
+            detail = str(reply.get("error", ""))[:300]
+            message = f"cannot bind pod {key} to node {args.node}: {code}: {detail}"
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
             return binding_result(message), code
         error = await self._create_binding(args, deadline)
@@ -313,32 +339,42 @@ class Extender:
         self._record_event(args, "Warning", "BindingFailed", error)
         return binding_result(error), "binding_failed"
 
+    def _bind_budget(self, deadline: Deadline, keep: float = 0.0) -> float:
+        """What one step of a bind may take: the rest of the deadline less `keep` (the part
+        held back for the failure path), never past the deadline."""
+        budget = deadline.remaining() - REPLY_MARGIN - keep
+        if budget <= 0:
+            raise FilterError("the bind's time budget ran out")
+        return budget
+
     async def _create_binding(self, args: BindingArgs, deadline: Deadline) -> str | None:
-        """None once the pod is bound to the node (already bound there counts), else why not."""
+        """None once the pod is bound to the node (already bound there counts), else why not.
+        Every step ends `FAILURE_RESERVE` before the deadline, leaving time to record it."""
         if self.kube is None:
             return "no Kubernetes client configured"
         try:
-            async with asyncio.timeout(max(deadline.remaining(), 0.001)):
-                await self.kube.create_binding(
-                    args.pod_namespace, args.pod_name, args.pod_uid, args.node
-                )
-            return None
-        except TimeoutError:
+            async with asyncio.timeout(self._bind_budget(deadline, FAILURE_RESERVE)):
+                try:
+                    await self.kube.create_binding(
+                        args.pod_namespace, args.pod_name, args.pod_uid, args.node
+                    )
+                    return None
+                except kube_io.Conflict as exc:
+                    if await self._bound_to(args) == args.node:
+                        return None  # a retried bind that already landed
+                    return str(exc)[:300]
+        except (TimeoutError, FilterError):
             return f"binding pod {args.pod_namespace}/{args.pod_name} timed out"
-        except kube_io.Conflict as exc:
-            if await self._bound_to(args) == args.node:
-                return None  # a retried bind that already landed
-            return str(exc)
         except kube_io.KubeError as exc:
-            return str(exc)
+            return str(exc)[:300]
 
     async def _bound_to(self, args: BindingArgs) -> str | None:
+        """Where the pod is bound, read within the caller's (already bounded) scope."""
         if self.kube is None:
             return None
         try:
-            async with asyncio.timeout(1.0):
-                body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
-        except (TimeoutError, kube_io.KubeError):
+            body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
+        except kube_io.KubeError:
             return None
         spec = body.get("spec") or {}
         node = spec.get("nodeName")
@@ -350,10 +386,11 @@ class Extender:
                 "bind-phase",
                 args.node,
                 {"podUID": args.pod_uid, "phase": keys.PHASE_FAILED},
-                max(deadline.remaining() - REPLY_MARGIN, 0.25),
+                self._bind_budget(deadline),
             )
-        except AccountingUnavailable as exc:
-            log.warning("bind phase failed not recorded", extra={"error": str(exc)})
+        except (AccountingUnavailable, FilterError) as exc:
+            # The lock expires by itself (NODE_LOCK_EXPIRY_SECONDS) when this is lost.
+            log.warning("bind phase failed not recorded", extra={"error": str(exc)[:300]})
 
     def _record_event(self, args: BindingArgs, event_type: str, reason: str, message: str) -> None:
         if self.kube is None:
@@ -363,9 +400,26 @@ class Extender:
 
         async def record() -> None:
             try:
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(EVENT_TIMEOUT):
                     await kube.create_event(pod, event_type, reason, message)
             except (TimeoutError, kube_io.KubeError) as exc:
-                log.warning("event not recorded", extra={"pod": args.pod_name, "error": str(exc)})
+                log.warning(
+                    "event not recorded", extra={"pod": args.pod_name, "error": str(exc)[:300]}
+                )
 
         self.tasks.spawn(record(), "scheduler-event")
+
+
+def check_node_names(names: tuple[str, ...]) -> None:
+    """Every candidate must be a Kubernetes node name before any becomes a subject token."""
+    for i, name in enumerate(names):
+        subjects.check_name(name, f"NodeNames[{i}]")
+
+
+def check_pod_identity(namespace: str, name: str, uid: str) -> None:
+    """The pod's namespace, name and UID travel in accounting requests and events: they must be
+    what the API server could hold (bounded, so no request can exceed NATS's payload limit)."""
+    subjects.check_name(namespace, "pod namespace")
+    subjects.check_name(name, "pod name")
+    if not uid or len(uid) > MAX_UID_LENGTH or not uid.isprintable() or " " in uid:
+        raise subjects.InvalidName(f"pod UID {subjects.shown(uid)} is not a Kubernetes UID")

@@ -4,6 +4,29 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.core import admission
+from shared.service.counters import at_zero
+
+FILTER_RESULTS = ("fit", "no_fit", "not_gpu", "error")
+RESERVE_RESULTS = ("ok", "conflict", "quota_exceeded", "node_unavailable", "no_fit", "unavailable")
+BIND_RESULTS = (
+    "ok",
+    "invalid_request",
+    "accounting_unavailable",
+    "binding_failed",
+    "conflict",
+    "pod_not_tracked",
+    "node_mismatch",
+)
+DENIALS = (
+    admission.OWNED_ANNOTATION,
+    admission.INVALID_NUMA_ALIGNMENT,
+    admission.INVALID_SCORING_WEIGHTS,
+    admission.INVALID_REQUEST,
+    admission.QUOTA_EXCEEDED,
+    admission.INVALID_POD,
+)
+
 # Resolve 0.5 ms (a filter answered from the read model) .. 2 s (a filter that waited for
 # accounting), under kube-scheduler's default 5 s extender timeout.
 LATENCY_BUCKETS = (
@@ -75,6 +98,13 @@ class SchedulerMetrics:
             ["scope"],
             registry=self.registry,
         )
+        at_zero(self.filter_total, FILTER_RESULTS)
+        at_zero(self.reserve_attempts, RESERVE_RESULTS)
+        at_zero(self.prioritize_total, ("ok", "error"))
+        at_zero(self.bind_total, BIND_RESULTS)
+        at_zero(self.snapshots, ("all", "node"))
+        at_zero(self.webhook_total, ("allowed", "mutated"), (admission.ALLOWED,))
+        at_zero(self.webhook_total, ("denied",), DENIALS)
         self.nodes = Gauge(
             "numafit_scheduler_read_model_nodes",
             "Nodes the read model knows (with or without a GPU inventory).",

@@ -12,6 +12,11 @@ update cannot be trusted to describe the node completely:
   does not show (a cordon, a new register annotation, a bind phase), and a cordon must be seen
   before the next fit.
 
+A node the last full snapshot did not hold, and that no update has named since, does not exist
+for accounting: a filter naming it gets no view (the node is refused as unavailable) and no
+snapshot is taken for it, so a request listing thousands of made-up names costs nothing. An
+update marked `deleted` (the Node was deleted) drops the node.
+
 Refreshes happen on demand, for the candidates of a filter, within the filter's budget. A
 decision made on a view that turned stale meanwhile is harmless: the reserve names the revision
 and accounting refuses it with `conflict`.
@@ -129,8 +134,8 @@ class ReadModel:
         while True:
             try:
                 await self.refresh_all(5.0)
-            except (AccountingUnavailable, WireError) as exc:
-                log.warning("first snapshot failed; retrying", extra={"error": str(exc)})
+            except Exception as exc:  # whatever it was, readiness waits on this: retry
+                log.warning("first snapshot failed; retrying", extra={"error": str(exc)[:300]})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, cap)
                 continue
@@ -151,17 +156,25 @@ class ReadModel:
                 reader.text("node"),
                 reader.integer("revision", minimum=0),
                 body.get("devices"),
+                deleted=body.get("deleted") is True,
             )
         except WireError as exc:
-            log.warning("usage update ignored", extra={"error": str(exc)})
+            log.warning("usage update ignored", extra={"error": str(exc)[:300]})
 
-    def apply_update(self, epoch: str, node: str, revision: int, devices: Any) -> None:
+    def apply_update(
+        self, epoch: str, node: str, revision: int, devices: Any, *, deleted: bool = False
+    ) -> None:
         """Apply one published usage table, or mark the node (or everything) for a snapshot."""
         if self.epoch is None:
             return  # the first snapshot is still to come and will include this
         if epoch != self.epoch:
             self._needs_full = True
             return
+        if deleted:
+            self.drop(node)
+            return
+        if not subjects.valid_name(node):
+            return  # accounting only knows Kubernetes node names
         view = self._nodes.get(node)
         if view is None or revision > view.revision + 1:
             self._stale.add(node)
@@ -187,8 +200,22 @@ class ReadModel:
             and view.revision >= self._expected.get(node, 0)
         )
 
+    def _needs_fetch(self, node: str) -> bool:
+        """Stale, or known to have changed; a node nobody has named since the last full
+        snapshot is absent, not stale."""
+        if node in self._nodes:
+            return not self.is_fresh(node)
+        return node in self._stale
+
     def invalidate(self, node: str) -> None:
         self._stale.add(node)
+
+    def drop(self, node: str) -> None:
+        """The node was deleted: forget everything about it."""
+        self._nodes.pop(node, None)
+        self._stale.discard(node)
+        self._expected.pop(node, None)
+        self.metrics.nodes.set(len(self._nodes))
 
     def expect(self, node: str, revision: int) -> None:
         """A commit answered with `revision`: anything older is stale for this node."""
@@ -197,13 +224,13 @@ class ReadModel:
     async def views(self, names: Iterable[str], budget: float) -> dict[str, NodeView | None]:
         """Current views of `names`, refreshing the stale and unknown ones first. A node
         accounting does not know comes back as a view without inventory."""
-        wanted = list(dict.fromkeys(names))
-        if self._needs_full or sum(not self.is_fresh(n) for n in wanted) > FULL_REFRESH_THRESHOLD:
+        wanted = [n for n in dict.fromkeys(names) if subjects.valid_name(n)]
+        if self._needs_full or sum(self._needs_fetch(n) for n in wanted) > FULL_REFRESH_THRESHOLD:
             await self.refresh_all(budget)
-        stale = [n for n in wanted if not self.is_fresh(n)]
+        stale = [n for n in wanted if self._needs_fetch(n)]
         if stale:
             await asyncio.gather(*(self._refresh_shared(n, budget) for n in stale))
-        return {n: self._nodes.get(n) for n in wanted}
+        return {n: self._nodes.get(n) for n in dict.fromkeys(names)}
 
     async def refresh_all(self, budget: float) -> None:
         """One `_all` snapshot; concurrent callers share it."""
@@ -225,6 +252,8 @@ class ReadModel:
             self._refreshing[node] = task
             task.add_done_callback(lambda _: self._refreshing.pop(node, None))
         await asyncio.shield(task)
+        if node not in self._nodes:
+            self._stale.discard(node)  # accounting does not know it: absent, not stale
 
     async def _fetch_node(self, node: str, budget: float) -> None:
         await self.context(node, budget=budget)
@@ -243,7 +272,11 @@ class ReadModel:
             node, pod_uid=pod_uid, namespace=namespace, budget=budget
         )
         if not reply.get("ok", True):
-            raise AccountingUnavailable(f"snapshot of {node} refused: {reply.get('error', '')}")
+            if reply.get("code") == "node_unavailable":
+                self.drop(node)  # accounting does not know the node
+                return PodContext(None, None)
+            error = str(reply.get("error", ""))[:300]
+            raise AccountingUnavailable(f"snapshot of {node} refused: {error}")
         self._store(reply, full=False)
         tracked = None
         raw_pod = reply.get("pod")

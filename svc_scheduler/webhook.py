@@ -16,6 +16,7 @@ annotations on update needs the caller's identity, which is the RBAC's job).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from shared import subjects
 from shared.core.admission import AdmissionDecision, asks_for_gpus, review_pod_creation
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
@@ -38,6 +40,10 @@ log = logging.getLogger("numafit.scheduler")
 DEFAULT_SCHEDULER_NAME = "numafit-scheduler"
 REVIEW_API_VERSION = "admission.k8s.io/v1"
 
+QUOTA_LOOKUP_TIMEOUT = 2.0
+"""Seconds the quota lookup may take: well under the API server's webhook timeout (10 s by
+default), so a slow API answers the review (quota check skipped) instead of failing it."""
+
 QuotaSource = Callable[[str], Awaitable[QuotaLimit | None]]
 """The explicit GPU quota limits of a namespace (None: no limits)."""
 
@@ -47,13 +53,16 @@ def kube_quota_source(kube: Kube, config: CoreConfig) -> QuotaSource:
     skipped (accounting still enforces quota when the pod is reserved)."""
 
     async def limits(namespace: str) -> QuotaLimit | None:
+        if not subjects.valid_name(namespace):
+            return None  # no such namespace can exist, so neither can its quota
         try:
-            quotas = await kube.list_namespaced_resource_quotas(namespace)
+            async with asyncio.timeout(QUOTA_LOOKUP_TIMEOUT):
+                quotas = await kube.list_namespaced_resource_quotas(namespace)
             return limits_from_quotas(quotas, config).get(namespace)
-        except (kube_io.KubeError, CoreError) as exc:
+        except (TimeoutError, kube_io.KubeError, CoreError) as exc:
             log.warning(
                 "quota limits unavailable; admission quota check skipped",
-                extra={"namespace": namespace, "error": str(exc)},
+                extra={"namespace": namespace, "error": str(exc)[:300] or "timed out"},
             )
             return None
 

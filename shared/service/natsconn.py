@@ -52,10 +52,12 @@ async def connect(
         if nc is None or getattr(nc, "_numafit_closing", False):
             return
         last = nc.last_error
+        if on_closed is None:
+            log.info("nats connection closed", extra={"client": name, "error": repr(last)})
+            return
         reason = "NATS connection closed" + (f": {last!r}" if last is not None else "")
         log.error("nats connection closed for good", extra={"client": name, "error": repr(last)})
-        if on_closed is not None:
-            on_closed(reason)
+        on_closed(reason)
 
     async def reconnected() -> None:
         warned[0] = False

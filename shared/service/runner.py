@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from kubernetes_asyncio import client
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
@@ -83,7 +84,12 @@ async def serve(
             reconnect_hooks.append(hook)
         await _until_failed(service.start(), readiness)
         settle_heap()
-        await _first(stop.wait(), readiness.failed.wait())
+        probe = asyncio.create_task(probe_kube(api, readiness), name="kube-api-probe")
+        try:
+            await _first(stop.wait(), readiness.failed.wait(), probe)
+        finally:
+            probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)
         readiness.draining = True
         log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
         # One grace period for the whole stop: what the service does not finish in time is
@@ -102,6 +108,47 @@ async def serve(
         log.info("stopped", extra={"service": name})
     if readiness.failure is not None:
         raise ServiceFailed(readiness.failure)
+
+
+KUBE_API = "kube-api"
+"""The readiness condition of every service with a Kubernetes client."""
+KUBE_PROBE_PERIOD = 5.0
+KUBE_PROBE_TIMEOUT = 2.0
+
+
+async def probe_kube(
+    api: client.ApiClient | None, readiness: Readiness, period: float = KUBE_PROBE_PERIOD
+) -> None:
+    """Keep `kube-api` readiness in step with whether the API server answers `/version`.
+
+    Accounting cannot rebuild or write while the API server is unreachable, so the refit and
+    the scheduler (webhook and extender) could not do their job either: all three say so
+    together, from the same probe. Liveness is unaffected (an API outage must not restart
+    every pod).
+    """
+    if api is None:
+        await asyncio.Event().wait()  # nothing to probe: wait until cancelled
+        return
+    versions = client.VersionApi(api)
+    reachable: bool | None = None
+    while True:
+        try:
+            async with asyncio.timeout(KUBE_PROBE_TIMEOUT):
+                await versions.get_code()
+            ok = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure to answer means: unreachable for us
+            ok = False
+            error = str(exc)[:200] or type(exc).__name__
+        if ok != reachable:
+            readiness.set(KUBE_API, ok)
+            if ok:
+                log.info("kubernetes api reachable")
+            else:
+                log.warning("kubernetes api unreachable; not ready", extra={"error": error})
+            reachable = ok
+        await asyncio.sleep(period)
 
 
 async def _first(*waits: Awaitable[object]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,9 @@ class Stack:
     async def post(self, path: str, body: Any, *, raw: bytes | None = None) -> tuple[int, Any]:
         data = raw if raw is not None else orjson.dumps(body)
         async with self.session.post(
-            self.scheduler.url + path, data=data, headers={"Content-Type": "application/json"}
+            self.scheduler.url + path,
+            data=io.BytesIO(data),  # large bodies too, without blocking the loop
+            headers={"Content-Type": "application/json"},
         ) as response:
             return response.status, orjson.loads(await response.read())
 

@@ -119,3 +119,24 @@ def test_updates_before_the_first_snapshot_are_ignored() -> None:
     model = ReadModel(None, None)  # type: ignore[arg-type]
     model.apply_update("e1", "node-1", 1, usage(1))
     assert model.view("node-1") is None
+
+
+def test_a_deleted_node_is_dropped() -> None:
+    model = model_at(3)
+    model.expect("node-1", 4)
+    model.apply_update("e1", "node-1", 4, {}, deleted=True)
+    assert model.view("node-1") is None
+    assert not model._needs_fetch("node-1")  # gone, not stale: no snapshot is asked for it
+    assert model.metrics.registry.get_sample_value("numafit_scheduler_read_model_nodes") == 0
+
+
+def test_names_nobody_announced_are_absent_not_stale() -> None:
+    model = model_at(3)
+    # A filter naming made-up nodes asks accounting nothing about them...
+    assert not model._needs_fetch("made-up-1")
+    # ...until accounting announces the node (a Node created after the last snapshot).
+    model.apply_update("e1", "node-2", 1, usage(0))
+    assert model._needs_fetch("node-2")
+    # An update naming something that is no node name is ignored.
+    model.apply_update("e1", "x" * 300, 1, usage(0))
+    assert not model._needs_fetch("x" * 300)

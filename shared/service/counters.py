@@ -1,0 +1,20 @@
+"""Labelled counters exported from the start, at zero.
+
+A labelled counter has no series until its first increment, so after a restart an alert ratio
+such as `rate(errors) / rate(total)` evaluates to nothing instead of 0 and a `for:` clause starts
+over. Every service creates the children of every label value it can produce when it starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from prometheus_client import Counter
+
+
+def at_zero(counter: Counter, *values: Iterable[str]) -> None:
+    """Create `counter`'s child for every combination of the label values given, one iterable
+    per label in the counter's label order."""
+    for combination in itertools.product(*(tuple(v) for v in values)):
+        counter.labels(*combination)

@@ -1,0 +1,172 @@
+"""The run loop every service shares: a service that can no longer do its job says so on /readyz
+and stops with an error (exit 1 from `numafit run`), so Kubernetes restarts it.
+
+Two ways a service loses its job are driven for real here: nats-server closing the connection
+for a protocol violation (nats-py never reconnects after that), and an eternal background task
+ending. A plain SIGTERM still stops cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
+
+from shared.nats_server import NatsServer
+from shared.service.health import Readiness
+from shared.service.kube_io import Kube
+from shared.service.runner import ServiceFailed, serve
+from shared.service.settings import CommonSettings
+from shared.service.tasks import TaskSet
+from tests.integration.processes import free_port
+
+
+class Probe:
+    """A minimal service: holds its connection, marks itself ready, optionally runs a task."""
+
+    def __init__(self, nc: Client, readiness: Readiness, eternal: bool) -> None:
+        self.nc = nc
+        self.readiness = readiness
+        self.tasks = TaskSet(on_fatal=readiness.fail)
+        self.eternal = eternal
+        self.crash = asyncio.Event()
+        self.stopped = False
+
+    async def start(self) -> None:
+        if self.eternal:
+            self.tasks.spawn(self._loop(), "probe-loop", eternal=True)
+        self.readiness.set("probe")
+
+    async def _loop(self) -> None:
+        await self.crash.wait()
+        raise RuntimeError("the loop hit a bug")
+
+    async def stop(self, grace: float) -> None:
+        self.stopped = True
+        await self.tasks.stop(grace)
+
+
+def settings(url: str, port: int) -> CommonSettings:
+    return CommonSettings(
+        nats_url=url,
+        kubeconfig=None,
+        metrics_host="127.0.0.1",
+        metrics_port=port,
+        log_level="info",
+        log_format="json",
+        grace_seconds=2.0,
+        nats_connect_timeout=5.0,
+    )
+
+
+async def readyz(port: int) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/readyz") as response,
+    ):
+        return response.status
+
+
+async def run_probe(url: str, eternal: bool = False) -> tuple[asyncio.Task[None], Probe, int]:
+    port = free_port()
+    made: list[Probe] = []
+    readiness = Readiness("probe")
+
+    def factory(
+        nc: Client, _kube: Kube | None, _registry: CollectorRegistry, ready: Readiness
+    ) -> Probe:
+        made.append(Probe(nc, ready, eternal))
+        return made[0]
+
+    task = asyncio.create_task(
+        serve("probe", settings(url, port), factory, readiness, use_kube=False)
+    )
+    async with asyncio.timeout(10):
+        while not made or not readiness.ready:  # noqa: ASYNC110 - state of the task under test
+            await asyncio.sleep(0.01)
+    assert await readyz(port) == 200
+    return task, made[0], port
+
+
+@pytest.fixture
+def tight_server(tmp_path: Path) -> NatsServer:
+    # A small control-line limit lets a test provoke the real close nats-server does for an
+    # over-long protocol line (4096 bytes by default) without building a 4 KiB subject.
+    config = tmp_path / "nats.conf"
+    config.write_text("max_control_line: 256\n")
+    return NatsServer(config=config)
+
+
+async def test_a_connection_closed_for_good_fails_readiness_and_stops(
+    tight_server: NatsServer,
+) -> None:
+    with tight_server as server:
+        task, probe, _ = await run_probe(server.url)
+        await probe.nc.publish("numafit." + "x" * 300, b"")  # the server closes on this line
+        with pytest.raises(ServiceFailed, match="NATS connection closed"):
+            async with asyncio.timeout(10):
+                await asyncio.shield(task)
+        assert probe.stopped
+        assert probe.readiness.failure is not None
+        assert not probe.readiness.ready
+
+
+async def test_readiness_fails_before_the_process_exits(tight_server: NatsServer) -> None:
+    with tight_server as server:
+        task, probe, port = await run_probe(server.url)
+        # Hold the stop up so /readyz can be read between the failure and the exit.
+        stop_entered = asyncio.Event()
+        release = asyncio.Event()
+        original = probe.stop
+
+        async def slow_stop(grace: float) -> None:
+            stop_entered.set()
+            await release.wait()
+            await original(grace)
+
+        probe.stop = slow_stop  # type: ignore[method-assign]
+        await probe.nc.publish("numafit." + "x" * 300, b"")
+        async with asyncio.timeout(10):
+            await stop_entered.wait()
+        assert await readyz(port) == 503
+        release.set()
+        with pytest.raises(ServiceFailed):
+            async with asyncio.timeout(10):
+                await task
+
+
+async def test_an_eternal_task_that_ends_stops_the_service(nats_url: str) -> None:
+    task, probe, _ = await run_probe(nats_url, eternal=True)
+    probe.crash.set()
+    with pytest.raises(ServiceFailed, match="probe-loop"):
+        async with asyncio.timeout(10):
+            await task
+    assert probe.stopped
+
+
+async def test_a_plain_stop_is_clean(nats_url: str) -> None:
+    port = free_port()
+    readiness = Readiness("probe")
+    stop = asyncio.Event()
+    made: list[Probe] = []
+
+    def factory(
+        nc: Client, _kube: Kube | None, _registry: CollectorRegistry, ready: Readiness
+    ) -> Probe:
+        made.append(Probe(nc, ready, eternal=True))
+        return made[0]
+
+    task = asyncio.create_task(
+        serve("probe", settings(nats_url, port), factory, readiness, stop, use_kube=False)
+    )
+    async with asyncio.timeout(10):
+        while not readiness.ready:  # noqa: ASYNC110 - state of the task under test
+            await asyncio.sleep(0.01)
+    stop.set()
+    async with asyncio.timeout(5):
+        await task  # no ServiceFailed: the eternal task was cancelled by the stop, not ended
+    assert made[0].stopped and readiness.failure is None

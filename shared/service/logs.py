@@ -1,6 +1,10 @@
 """Structured logs: one JSON object per line (or readable text), fields passed via `extra`.
 
 log.info("refit refused", extra={"pod": "ml/train", "code": "no_fit"})
+
+Every line is bounded: a field or message longer than MAX_FIELD characters is cut (with its
+length noted), so a flood of requests carrying megabytes of input cannot grow the log by more
+than a bounded amount each. Services also cut what they echo; this is the safety net.
 """
 
 from __future__ import annotations
@@ -19,8 +23,25 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
+MAX_FIELD = 1000
+"""Characters kept of one log field (or the message); the rest is replaced by a note."""
+
+
+def bounded(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_FIELD:
+        return f"{value[:MAX_FIELD]}... ({len(value)} characters)"
+    if isinstance(value, (dict, list, tuple)):
+        text = repr(value)
+        return bounded(text) if len(text) > MAX_FIELD else value
+    return value
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    return {
+        k: bounded(v)
+        for k, v in vars(record).items()
+        if k not in _STANDARD and not k.startswith("_")
+    }
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,7 +51,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": bounded(record.getMessage()),
         }
         body.update(_fields(record))
         if record.exc_info:
@@ -41,7 +62,7 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{record.levelname.lower():<7} {record.name}: {record.getMessage()}"
+        line = f"{record.levelname.lower():<7} {record.name}: {bounded(record.getMessage())}"
         text = f"{line} {fields}" if fields else line
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)

@@ -170,3 +170,36 @@ async def test_a_plain_stop_is_clean(nats_url: str) -> None:
     async with asyncio.timeout(5):
         await task  # no ServiceFailed: the eternal task was cancelled by the stop, not ended
     assert made[0].stopped and readiness.failure is None
+
+
+async def test_sigterm_finishes_within_one_grace_period(nats_url: str) -> None:
+    """A stop that would take forever (a request stuck on a dead API server) is cut at the
+    grace period; the connection is still drained and the loop returns."""
+    port = free_port()
+    readiness = Readiness("probe")
+    stop = asyncio.Event()
+    made: list[Probe] = []
+
+    def factory(
+        nc: Client, _kube: Kube | None, _registry: CollectorRegistry, ready: Readiness
+    ) -> Probe:
+        made.append(Probe(nc, ready, eternal=False))
+        return made[0]
+
+    task = asyncio.create_task(
+        serve("probe", settings(nats_url, port), factory, readiness, stop, use_kube=False)
+    )
+    async with asyncio.timeout(10):
+        while not readiness.ready:  # noqa: ASYNC110 - state of the task under test
+            await asyncio.sleep(0.01)
+    stuck = asyncio.Event()
+
+    async def stop_forever(grace: float) -> None:
+        await stuck.wait()
+
+    made[0].stop = stop_forever  # type: ignore[method-assign]
+    stop.set()
+    # Bounded past the 2 s grace: the run loop must not wait for the stuck stop.
+    async with asyncio.timeout(settings(nats_url, port).grace_seconds + 3):
+        await task
+    assert made[0].nc.is_closed

@@ -38,7 +38,10 @@ def build_parser(prog: str = "numafit run accounting") -> argparse.ArgumentParse
         "--quota-resync-seconds",
         type=float,
         default=30.0,
-        help="how often ResourceQuota limits are re-read (default %(default)s)",
+        help=(
+            "ResourceQuotas are watched (changes apply at once); the quota watch is renewed "
+            "at least this often, in seconds (default %(default)s)"
+        ),
     )
     return parser
 

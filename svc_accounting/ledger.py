@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import subjects
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.model import DeviceInfo, NodeSnapshot
@@ -39,6 +40,8 @@ class NodeLedger:
     cordoned: frozenset[str] = frozenset()
     revision: int = 0
     pods: dict[str, TrackedPod] = field(default_factory=dict)
+    listed: bool = False
+    """Seen as a Node object (list or watch); False while only a pod bound to it is known."""
     _snapshot: NodeSnapshot | None = None
 
     def changed(self) -> None:
@@ -77,6 +80,15 @@ class Ledger:
     quota: QuotaLedger = field(default_factory=QuotaLedger)
 
     def node(self, name: str) -> NodeLedger:
+        """The node's ledger; a node the ledger does not know reads as an empty, unregistered
+        one that is *not* stored (reads never create: only API-server facts add nodes)."""
+        ledger = self.nodes.get(name)
+        return NodeLedger(name) if ledger is None else ledger
+
+    def get(self, name: str) -> NodeLedger | None:
+        return self.nodes.get(name)
+
+    def _ensure(self, name: str) -> NodeLedger:
         ledger = self.nodes.get(name)
         if ledger is None:
             ledger = self.nodes[name] = NodeLedger(name)
@@ -91,8 +103,9 @@ class Ledger:
     def set_node(self, name: str, annotations: dict[str, str]) -> bool:
         """Apply a Node object's register and cordon annotations; True when anything changed.
         A register annotation that does not parse leaves the node unregistered (refusing all
-        fits) rather than guessing."""
-        ledger = self.node(name)
+        fits) rather than guessing. Only Node objects from the API server come here."""
+        ledger = self._ensure(name)
+        ledger.listed = True
         register = annotations.get(keys.NODE_REGISTER)
         try:
             devices = codec.parse_register(register) if register is not None else None
@@ -104,6 +117,17 @@ class Ledger:
         ledger.devices, ledger.cordoned = devices, cordoned
         ledger.changed()
         return True
+
+    def drop_node(self, name: str) -> NodeLedger | None:
+        """The Node was deleted: forget it and release every pod the ledger held on it (a pod
+        that still exists comes back through the pod watch). Returns what was dropped."""
+        ledger = self.nodes.pop(name, None)
+        if ledger is None:
+            return None
+        for tracked in ledger.pods.values():
+            self.pod_node.pop(tracked.uid, None)
+            self.quota.remove(tracked.pod.namespace, tracked.usage)
+        return ledger
 
     # --- pods -------------------------------------------------------------------------------
 
@@ -119,6 +143,8 @@ class Ledger:
             return set()  # a stale event must never undo a newer write
         released = (old is not None and old.released) or pod.init_released()
         entry = None if pod.deleting and pod.terminal else track_pod(pod, released=released)
+        if entry is not None and not subjects.valid_name(entry.node):
+            entry = None  # hami.io/vgpu-node names no Kubernetes node: nothing can run there
         changed: set[str] = set()
         if old is not None and (entry is None or entry.node != old.node):
             changed |= self._remove(old)
@@ -140,7 +166,8 @@ class Ledger:
         return set() if old is None else self._remove(old)
 
     def _add(self, entry: TrackedPod) -> None:
-        node = self.node(entry.node)
+        # A pod bound to a node not seen yet (the Node watch lags) is an API-server fact too.
+        node = self._ensure(entry.node)
         node.pods[entry.uid] = entry
         node.changed()
         self.pod_node[entry.uid] = entry.node
@@ -152,6 +179,8 @@ class Ledger:
         node.changed()
         del self.pod_node[old.uid]
         self.quota.remove(old.pod.namespace, old.usage)
+        if not node.listed and not node.pods:
+            del self.nodes[old.node]  # only its pods made it known: gone with the last one
         return {old.node}
 
     def set_quota_limits(self, limits: dict[str, QuotaLimit]) -> None:

@@ -1,10 +1,38 @@
-"""Accounting's Prometheus metrics (names fixed by DESIGN.md), on the service's own registry."""
+"""Accounting's Prometheus metrics (names fixed by DESIGN.md), on the service's own registry.
+
+Labelled counters start at zero for every label value the service can produce, so alert ratios
+read 0 rather than "no data" after a restart. Per-node and per-GPU series are removed when the
+node (or one of its GPUs) goes, so a cluster's churn does not leave stale series behind.
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from shared import subjects
 from svc_accounting.ledger import NodeLedger
+
+RESULTS = (
+    "ok",
+    "invalid_request",
+    "unauthorized",
+    "node_unavailable",
+    "pod_not_tracked",
+    "pod_mismatch",
+    "node_mismatch",
+    "container_out_of_range",
+    "annotation_invalid",
+    "nothing_pending",
+    "no_fit",
+    "quota_exceeded",
+    "conflict",
+    "deadline_exceeded",
+    "api_error",
+    "internal_error",
+)
+"""Every `result` label of numafit_accounting_commits_total: `ok` or a refusal code."""
 
 
 class AccountingMetrics:
@@ -16,6 +44,9 @@ class AccountingMetrics:
             ["op", "result"],
             registry=self.registry,
         )
+        for op in subjects.ACCOUNTING_OPS:
+            for result in RESULTS:
+                self.commits.labels(op, result)
         self.memory = Gauge(
             "numafit_accounting_device_memory_reserved_mib",
             "GPU memory reserved per device, phase-aware (MiB).",
@@ -51,13 +82,39 @@ class AccountingMetrics:
             "Pods with a reservation in the ledger.",
             registry=self.registry,
         )
+        self._devices: dict[str, set[str]] = {}
+        """The GPU label values set per node, so that they can be removed again."""
+
+    def result(self, op: str, code: str) -> None:
+        if op not in subjects.ACCOUNTING_OPS:
+            return
+        self.commits.labels(op, code if code in RESULTS else "internal_error").inc()
 
     def node(self, node: NodeLedger) -> None:
         self.revision.labels(node.name).set(node.revision)
+        self.drift.labels(node.name)
         snapshot = node.snapshot
-        if snapshot is None:
-            return
-        for device in snapshot.devices:
-            self.memory.labels(node.name, device.info.id).set(device.usedmem)
-            self.cores.labels(node.name, device.info.id).set(device.usedcores)
-            self.slots.labels(node.name, device.info.id).set(device.used)
+        seen: set[str] = set()
+        if snapshot is not None:
+            for device in snapshot.devices:
+                uuid = device.info.id
+                seen.add(uuid)
+                self.memory.labels(node.name, uuid).set(device.usedmem)
+                self.cores.labels(node.name, uuid).set(device.usedcores)
+                self.slots.labels(node.name, uuid).set(device.used)
+        for uuid in self._devices.get(node.name, set()) - seen:
+            self._remove_device(node.name, uuid)
+        self._devices[node.name] = seen
+
+    def node_gone(self, name: str) -> None:
+        """The node left the ledger: remove every series labelled with it."""
+        for uuid in self._devices.pop(name, set()):
+            self._remove_device(name, uuid)
+        for metric in (self.revision, self.drift):
+            with contextlib.suppress(KeyError):
+                metric.remove(name)
+
+    def _remove_device(self, node: str, uuid: str) -> None:
+        for gauge in (self.memory, self.cores, self.slots):
+            with contextlib.suppress(KeyError):
+                gauge.remove(node, uuid)

@@ -2,8 +2,20 @@
 
 Every write follows one rule: decide under the node's lock, write the pod (or Node) with a JSON
 merge patch carrying the resourceVersion it was decided on, bounded by the caller's remaining
-deadline, and change the ledger only from what the API server returned. A 409 or a timeout is
-reported to the caller, never retried with stale data.
+deadline, and change the ledger only from what the API server returned.
+
+Accounting is the single writer, so it judges every `reserve` and `move` itself, whoever asks:
+the fit is re-checked on its own ledger (`shared.core.commit_check`) and an over-commit is
+refused with `no_fit` (or `quota_exceeded`) and HAMi's reason names in `fitReasons`.
+
+A 409 on `move` or `reserve` is reported (`conflict`): the caller's decision rests on a pod that
+changed. A 409 on `consume` or `bind-phase` is not the caller's fault (the Binding, or kubelet's
+status writes, moved the pod's resourceVersion before the watch caught up): the pod is re-read
+and, when what the operation depends on is unchanged, the write is planned and applied again,
+within the caller's deadline.
+
+Requests never create state: an operation on a node the ledger does not know (nodes enter only
+from the Node list and watch, or a pod bound there) is answered without touching anything.
 """
 
 from __future__ import annotations
@@ -11,23 +23,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shared import subjects
 from shared.core import codec, keys
-from shared.core.accounting import effective, total
-from shared.core.consume import ConsumeError, plan_consume
+from shared.core.accounting import Rows, TrackedPod
+from shared.core.commit_check import check_commit
+from shared.core.consume import ConsumeError, ConsumePlan, plan_consume
 from shared.core.errors import CoreError
-from shared.core.model import Usage
+from shared.core.model import ContainerEntry, ContainerKind
 from shared.core.pods import PodInfo, pod_from_object
 from shared.ledger_wire import node_state_to_wire, quota_to_wire, tracked_to_wire
 from shared.service import kube_io
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
+from shared.subjects import InvalidName, shown
 from shared.wire import Reader, WireError
 from svc_accounting.ledger import (
     Ledger,
@@ -47,18 +61,37 @@ SNAPSHOT_PAGE_MAX = 500
 MIN_WRITE_BUDGET = 0.02
 """Below this remaining budget a write is not attempted: it could only land after the caller
 gave up (HAMi's post-timeout commit race, closed by construction)."""
+MAX_REAPPLY = 5
+"""Re-reads after a 409 on consume or bind-phase, at most (the caller's deadline usually ends
+the loop first)."""
+MAX_ERROR_LENGTH = 300
+"""Error texts in replies (and log lines) are cut to this many characters."""
+NO_WRITE_OPS = frozenset({"pending", "snapshot"})
 
 
 _DEADLINE: ContextVar[Deadline | None] = ContextVar("numafit_accounting_deadline", default=None)
 """The current request's deadline (each request runs in its own task, with its own context)."""
+_OBSERVED: ContextVar[set[str] | None] = ContextVar("numafit_accounting_observed", default=None)
+"""Nodes whose ledger changed while serving the current request (writes and re-reads)."""
+
+P = TypeVar("P")
+
+
+def bounded(message: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 class Refused(Exception):
-    """An operation refused with a DESIGN.md code."""
+    """An operation refused with a DESIGN.md code (`extra` goes into the reply)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.code = code
+        self.extra = extra
+
+
+class _Stale(Exception):
+    """409: the pod changed since the resourceVersion the write was based on."""
 
 
 @dataclass
@@ -68,6 +101,11 @@ class Outcome:
 
 
 Publisher = Callable[[set[str]], Awaitable[None]]
+
+
+def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
+    rows = tracked.pending_rows
+    return rows[index] if rows is not None and 0 <= index < len(rows) else None
 
 
 class Operations:
@@ -82,7 +120,9 @@ class Operations:
         self.ledger = ledger
         self.kube = kube
         self.write_timeout = write_timeout
-        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        """One lock per node while anyone holds or waits for it: the map never keeps a lock
+        nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.on_drift = on_drift
         self.handlers: dict[str, Callable[[str, Reader], Awaitable[Outcome]]] = {
             "reserve": self.reserve,
@@ -96,6 +136,13 @@ class Operations:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def lock(self, name: str) -> asyncio.Lock:
+        lock = self.locks.get(name)
+        if lock is None:
+            lock = asyncio.Lock()
+            self.locks[name] = lock
+        return lock
+
     def _base(self, node: NodeLedger | None) -> dict[str, Any]:
         reply: dict[str, Any] = {"ok": True, "code": "ok", "epoch": self.ledger.epoch}
         if node is not None:
@@ -103,9 +150,16 @@ class Operations:
             reply["revision"] = node.revision
         return reply
 
+    def _known(self, name: str) -> NodeLedger:
+        node = self.ledger.get(name)
+        if node is None:
+            raise Refused("node_unavailable", f"node {name} is not known to accounting")
+        return node
+
     def _budget(self) -> float:
-        """Seconds the next write may take: what is left of the caller's deadline (anchored
-        when the request arrived), at most the cap."""
+        """Seconds the next API call may take: what is left of the caller's deadline (anchored
+        when the request arrived), at most the cap. Refuses when too little is left for a call
+        to land before the caller gives up."""
         deadline = _DEADLINE.get()
         if deadline is None:
             return self.write_timeout
@@ -116,23 +170,26 @@ class Operations:
             )
         return budget
 
-    def _check_revision(self, node: NodeLedger, reader: Reader) -> None:
-        revision = reader.integer("revision", minimum=0)
-        if revision != node.revision:
-            raise Refused(
-                "conflict",
-                f"node {node.name} is at revision {node.revision}, the request was computed "
-                f"on {revision}",
-            )
+    def _observe(self, pod: PodInfo) -> set[str]:
+        changed = self.ledger.observe(pod)
+        self._note(changed)
+        return changed
 
-    async def _patch_pod(
-        self,
-        pod: PodInfo,
-        annotations: Mapping[str, str | None],
-        budget: float,
-    ) -> set[str]:
-        """Write, then apply what the server returned. Conflicts refresh the pod from the API
-        so the caller's next computation sees the newer state."""
+    def _forget(self, uid: str) -> None:
+        self._note(self.ledger.forget(uid))
+
+    @staticmethod
+    def _note(changed: set[str]) -> None:
+        observed = _OBSERVED.get()
+        if observed is not None:
+            observed |= changed
+
+    async def _patch(
+        self, pod: PodInfo, annotations: Mapping[str, str | None]
+    ) -> tuple[PodInfo, set[str]]:
+        """One guarded write, then the ledger follows what the server returned. A 409 is
+        raised as `_Stale` for the caller to decide what it means."""
+        budget = self._budget()
         try:
             async with asyncio.timeout(budget):
                 body = await self.kube.patch_pod_annotations(
@@ -143,48 +200,152 @@ class Operations:
                 "deadline_exceeded", f"patch of pod {pod.key} did not finish in {budget:.3f}s"
             ) from exc
         except kube_io.Conflict as exc:
-            await self._refresh(pod)
-            raise Refused("conflict", f"cannot patch pod annotations: {exc}") from exc
+            raise _Stale(str(exc)) from exc
+        except kube_io.NotFound as exc:
+            self._forget(pod.uid)
+            raise Refused("pod_not_tracked", f"pod {pod.key} no longer exists") from exc
         except kube_io.KubeError as exc:
             raise Refused("api_error", f"cannot patch pod annotations: {exc}") from exc
-        return self.ledger.observe(pod_from_object(body))
+        try:
+            written = pod_from_object(body)
+        except CoreError as exc:
+            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
+        return written, self._observe(written)
 
-    async def _refresh(self, pod: PodInfo) -> None:
-        """Re-read a pod after a conflict, within what is left of the caller's budget (the
-        watch delivers the newer object anyway when there is no time left)."""
-        deadline = _DEADLINE.get()
-        budget = (
-            self.write_timeout
-            if deadline is None
-            else min(deadline.remaining(), self.write_timeout)
-        )
-        if budget < MIN_WRITE_BUDGET:
-            return
+    async def _patch_pod(
+        self, pod: PodInfo, annotations: Mapping[str, str | None]
+    ) -> tuple[PodInfo, set[str]]:
+        """A write whose decision the caller made (reserve, move): a 409 means that decision
+        rests on a pod that changed, so it is refused with `conflict` after the pod is re-read
+        (the caller's next computation then sees the newer state)."""
+        try:
+            return await self._patch(pod, annotations)
+        except _Stale as exc:
+            await self._refresh(pod)
+            raise Refused("conflict", f"cannot patch pod annotations: {exc}") from exc
+
+    async def _write_rereading(
+        self,
+        name: str,
+        tracked: TrackedPod,
+        plan: Callable[[TrackedPod], P],
+        annotations_of: Callable[[P], Mapping[str, str | None]],
+        unchanged: Callable[[TrackedPod, TrackedPod], bool],
+    ) -> tuple[TrackedPod, P, PodInfo, set[str]]:
+        """Plan and write; on a 409 re-read the pod and, while `unchanged(first, fresh)` holds,
+        plan and write again (bounded by the caller's deadline and MAX_REAPPLY)."""
+        first = current = tracked
+        planned = plan(current)
+        for attempt in range(MAX_REAPPLY + 1):
+            try:
+                written, changed = await self._patch(current.pod, annotations_of(planned))
+            except _Stale as exc:
+                fresh = await self._reread(current.pod)
+                if (
+                    fresh is None
+                    or fresh.node != name
+                    or not unchanged(first, fresh)
+                    or attempt == MAX_REAPPLY
+                ):
+                    raise Refused("conflict", f"cannot patch pod annotations: {exc}") from exc
+                current = fresh
+                planned = plan(current)
+                continue
+            return current, planned, written, changed
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def _reread(self, pod: PodInfo) -> TrackedPod | None:
+        """The pod as the API server has it now, applied to the ledger; None when it is gone
+        (or was recreated under the same name). Bounded by the caller's budget."""
+        budget = self._budget()
         try:
             async with asyncio.timeout(budget):
                 body = await self.kube.get_pod(pod.namespace, pod.name)
-            self.ledger.observe(pod_from_object(body))
+        except TimeoutError as exc:
+            raise Refused("deadline_exceeded", f"re-reading pod {pod.key} timed out") from exc
         except kube_io.NotFound:
-            self.ledger.forget(pod.uid)
-        except (TimeoutError, kube_io.KubeError, CoreError) as exc:
-            log.warning("pod refresh failed", extra={"pod": pod.key, "error": str(exc)})
+            self._forget(pod.uid)
+            return None
+        except kube_io.KubeError as exc:
+            raise Refused("api_error", f"cannot re-read pod {pod.key}: {exc}") from exc
+        try:
+            fresh = pod_from_object(body)
+        except CoreError as exc:
+            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
+        if fresh.uid != pod.uid:
+            self._forget(pod.uid)
+            return None
+        self._observe(fresh)
+        return self.ledger.tracked(pod.uid)
 
-    def _tracked_here(self, node: NodeLedger, uid: str) -> Any:
+    async def _refresh(self, pod: PodInfo) -> None:
+        """Re-read a pod after a conflict, best effort (the watch delivers the newer object
+        anyway when there is no time left)."""
+        try:
+            await self._reread(pod)
+        except Refused as exc:
+            log.warning("pod refresh failed", extra={"pod": pod.key, "error": bounded(str(exc))})
+
+    def _tracked_here(self, node: NodeLedger, uid: str) -> TrackedPod:
         tracked = node.pods.get(uid)
         if tracked is None:
             where = self.ledger.pod_node.get(uid)
             if where is not None:
-                raise Refused("node_mismatch", f"pod {uid} is tracked on node {where}")
-            raise Refused("pod_not_tracked", f"pod {uid} is not tracked")
+                raise Refused("node_mismatch", f"pod {shown(uid)} is tracked on node {where}")
+            raise Refused("pod_not_tracked", f"pod {shown(uid)} is not tracked")
         return tracked
+
+    def _check_fit(
+        self,
+        node: NodeLedger,
+        tracked: TrackedPod | None,
+        rows: Rows,
+        kinds: tuple[ContainerKind, ...],
+        released: bool,
+        namespace: str,
+        what: str,
+    ) -> None:
+        """The single writer's own fit check on its ledger (whoever asked for the commit)."""
+        snapshot = node.snapshot
+        if snapshot is None:
+            raise Refused("node_unavailable", f"node {node.name} unavailable: node unregistered")
+        verdict = check_commit(
+            snapshot,
+            tracked,
+            rows,
+            kinds,
+            released,
+            namespace=namespace,
+            quota=self.ledger.quota,
+        )
+        if verdict.ok:
+            return
+        reasons = dict(sorted(verdict.reasons.items()))
+        if verdict.quota_only:
+            raise Refused(
+                "quota_exceeded",
+                f"{what} would exceed the NVIDIA resource quota in namespace {namespace}",
+                fitReasons=reasons,
+            )
+        raise Refused(
+            "no_fit",
+            f"{what} does not fit node {node.name}: {verdict.reason_text}",
+            fitReasons=reasons,
+        )
 
     # --- operations -------------------------------------------------------------------------
 
     async def reserve(self, name: str, r: Reader) -> Outcome:
         """Record the scheduler's decision: vgpu-node, vgpu-time and both allocation
         annotations (identical at this point), dropping any earlier reservation of the pod."""
-        node = self.ledger.node(name)
-        self._check_revision(node, r)
+        node = self._known(name)
+        revision = r.integer("revision", minimum=0)
+        if revision != node.revision:
+            raise Refused(
+                "conflict",
+                f"node {name} is at revision {node.revision}, the request was computed "
+                f"on {revision}",
+            )
         if node.devices is None:
             raise Refused("node_unavailable", f"node {name} unavailable: node unregistered")
         value = r.text("allocated")
@@ -195,8 +356,11 @@ class Operations:
         inventory = {d.id for d in node.devices}
         unknown = sorted({d.uuid for e in rows for d in e} - inventory)
         if unknown:
-            raise Refused("invalid_request", f"node {name} has no GPU {', '.join(unknown)}")
+            raise Refused("invalid_request", f"node {name} has no GPU {shown(', '.join(unknown))}")
         uid, namespace, pod_name = r.text("podUID"), r.text("podNamespace"), r.text("podName")
+        for label, text in (("podNamespace", namespace), ("podName", pod_name)):
+            if not subjects.valid_name(text):
+                raise Refused("invalid_request", f"{label} {shown(text)} is not a Kubernetes name")
         budget = self._budget()
         try:
             async with asyncio.timeout(budget):
@@ -204,19 +368,19 @@ class Operations:
         except TimeoutError as exc:
             raise Refused("deadline_exceeded", f"reading pod {namespace}/{pod_name}") from exc
         except kube_io.NotFound as exc:
-            raise Refused("pod_not_tracked", str(exc)) from exc
+            raise Refused("pod_not_tracked", f"pod {namespace}/{pod_name} does not exist") from exc
         except kube_io.KubeError as exc:
             raise Refused("api_error", str(exc)) from exc
+        except CoreError as exc:
+            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
         if pod.uid != uid:
-            raise Refused("pod_mismatch", f"pod {pod.key} has uid {pod.uid}, not {uid}")
+            raise Refused("pod_mismatch", f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
         if pod.terminal:
             raise Refused("invalid_request", f"pod {pod.key} has already ended")
-        new_usage = effective(pod.kinds, rows, False)
         old = self.ledger.tracked(uid)
-        exclude = total(old.usage) if old is not None else Usage()
-        if not self.ledger.quota.fits(pod.namespace, total(new_usage), exclude):
-            raise Refused("quota_exceeded", f"pod {pod.key} would exceed the NVIDIA resource quota")
-        changed = await self._patch_pod(
+        released = (old is not None and old.released) or pod.init_released()
+        self._check_fit(node, old, rows, pod.kinds, released, pod.namespace, f"pod {pod.key}")
+        written, changed = await self._patch_pod(
             pod,
             {
                 keys.VGPU_NODE: name,
@@ -226,40 +390,77 @@ class Operations:
                 keys.BIND_PHASE: None,
                 keys.BIND_TIME: None,
             },
-            self._budget(),
         )
-        return Outcome(self._base(node), changed | {name})
+        reply = self._base(node)
+        reply["podResourceVersion"] = written.resource_version
+        return Outcome(reply, changed | {name})
 
     async def bind_phase(self, name: str, r: Reader) -> Outcome:
-        node = self.ledger.node(name)
+        node = self._known(name)
         tracked = self._tracked_here(node, r.text("podUID"))
         phase = r.text("phase")
         allowed = (keys.PHASE_ALLOCATING, keys.PHASE_SUCCESS, keys.PHASE_FAILED)
         if phase not in allowed:
             raise Refused("invalid_request", f"phase must be one of {', '.join(allowed)}")
-        annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
-        if phase == keys.PHASE_ALLOCATING:
-            now = int(time.time())
-            busy = allocating_pod(node, now, exclude=tracked.uid)
-            if busy is not None:
-                # HAMi's node lock: one pod allocates at a time, so the plugin's `pending`
-                # always names the pod kubelet is admitting.
-                raise Refused(
-                    "conflict",
-                    f"node {name} is still allocating pod {busy.pod.key}; bind again once it "
-                    "is admitted",
-                )
-            annotations[keys.BIND_TIME] = str(now)
-        changed = await self._patch_pod(tracked.pod, annotations, self._budget())
-        return Outcome(self._base(node), changed)
+
+        def plan(current: TrackedPod) -> dict[str, str | None]:
+            annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
+            if phase == keys.PHASE_ALLOCATING:
+                now = int(time.time())
+                busy = allocating_pod(node, now, exclude=current.uid)
+                if busy is not None:
+                    # HAMi's node lock: one pod allocates at a time, so the plugin's `pending`
+                    # always names the pod kubelet is admitting.
+                    raise Refused(
+                        "conflict",
+                        f"node {name} is still allocating pod {busy.pod.key}; bind again once "
+                        "it is admitted",
+                    )
+                annotations[keys.BIND_TIME] = str(now)
+            return annotations
+
+        def unchanged(before: TrackedPod, after: TrackedPod) -> bool:
+            # A pure phase change: safe to re-apply while the reservation is the same.
+            return (before.allocated, before.to_allocate) == (after.allocated, after.to_allocate)
+
+        _, _, written, changed = await self._write_rereading(
+            name, tracked, plan, lambda a: a, unchanged
+        )
+        reply = self._base(node)
+        reply["podResourceVersion"] = written.resource_version
+        return Outcome(reply, changed)
 
     async def move(self, name: str, r: Reader) -> Outcome:
-        """The refit's commit: both annotation values, computed at `revision`."""
-        node = self.ledger.node(name)
-        tracked = self._tracked_here(node, r.text("podUID"))
-        self._check_revision(node, r)
+        """The refit's commit: both annotation values, computed at `revision` (or, when the
+        node moved on meanwhile, on the pod at `podResourceVersion`, unchanged since)."""
+        node = self._known(name)
+        uid = r.text("podUID")
+        revision = r.integer("revision", minimum=0)
+        pod_version = r.opt_text("podResourceVersion")
         index = r.integer("containerIndex", minimum=0)
         new_pending, new_allocated = r.text("toAllocate"), r.text("allocated")
+        tracked = self._tracked_here(node, uid)
+        if revision != node.revision and (
+            not pod_version or pod_version != tracked.pod.resource_version
+        ):
+            pod_note = (
+                f" and pod {tracked.pod.key} changed since resourceVersion {shown(pod_version)}"
+                if pod_version
+                else ""
+            )
+            raise Refused(
+                "conflict",
+                f"node {name} is at revision {node.revision}, the request was computed "
+                f"on {revision}{pod_note}",
+            )
+        if node.devices is None:
+            raise Refused("node_unavailable", f"node {name} unavailable: node unregistered")
+        containers = len(tracked.pod.containers)
+        if index >= containers:
+            raise Refused(
+                "container_out_of_range",
+                f"container index {index} is outside the pod's containers (0..{containers - 1})",
+            )
         for label, old_raw, new_raw in (
             ("toAllocate", tracked.to_allocate or "", new_pending),
             ("allocated", tracked.allocated or "", new_allocated),
@@ -278,45 +479,67 @@ class Operations:
             codec.decode_pod(new_pending)
         except CoreError as exc:
             raise Refused("annotation_invalid", str(exc)) from exc
-        inventory = {d.id for d in node.devices or ()}
+        if index >= len(rows) or not rows[index]:
+            raise Refused("invalid_request", f"container {index} moves to no GPU")
+        inventory = {d.id for d in node.devices}
         if any(d.uuid not in inventory for d in rows[index]):
             raise Refused("invalid_request", f"container {index} moves to a GPU node {name} lacks")
-        new_usage = effective(tracked.pod.kinds, rows, tracked.released)
-        if not self.ledger.quota.fits(
-            tracked.pod.namespace, total(new_usage), total(tracked.usage)
-        ):
-            raise Refused(
-                "quota_exceeded",
-                f"moving container {index} would exceed the NVIDIA resource quota in namespace "
-                f"{tracked.pod.namespace}",
-            )
-        changed = await self._patch_pod(
-            tracked.pod,
-            {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated},
-            self._budget(),
+        self._check_fit(
+            node,
+            tracked,
+            rows,
+            tracked.pod.kinds,
+            tracked.released,
+            tracked.pod.namespace,
+            f"moving container {index} of pod {tracked.pod.key}",
         )
-        return Outcome(self._base(node), changed)
+        written, changed = await self._patch_pod(
+            tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
+        )
+        reply = self._base(node)
+        reply["podResourceVersion"] = written.resource_version
+        return Outcome(reply, changed)
 
     async def consume(self, name: str, r: Reader) -> Outcome:
-        node = self.ledger.node(name)
+        node = self._known(name)
         uid = r.opt_text("podUID")
         tracked = self._tracked_here(node, uid) if uid else pending_pod(node)
         if tracked is None:
             raise Refused("nothing_pending", f"node {name} has no pod waiting for allocation")
         devices = r.texts("devices", max_items=64)
+        requested = r.opt_integer("containerIndex")
         known = frozenset(d.id for d in node.devices or ())
-        try:
-            plan = plan_consume(tracked, devices, r.opt_integer("containerIndex"), known)
-        except ConsumeError as exc:
-            raise Refused("invalid_request", str(exc)) from exc
-        changed = await self._patch_pod(tracked.pod, plan.annotations, self._budget())
-        if plan.drifted and self.on_drift is not None:
+
+        def plan(current: TrackedPod, index: int | None) -> ConsumePlan:
+            try:
+                return plan_consume(current, devices, index, known)
+            except ConsumeError as exc:
+                raise Refused("invalid_request", str(exc)) from exc
+            except CoreError as exc:
+                raise Refused("annotation_invalid", str(exc)) from exc
+
+        index = plan(tracked, requested).index
+
+        def unchanged(before: TrackedPod, after: TrackedPod) -> bool:
+            # The entry consume blanks is what kubelet was given: re-apply only onto that.
+            entry = _pending_entry(before, index)
+            return bool(entry) and _pending_entry(after, index) == entry
+
+        tracked, consumed, _, changed = await self._write_rereading(
+            name,
+            tracked,
+            lambda current: plan(current, index),
+            lambda p: p.annotations,
+            unchanged,
+        )
+        if consumed.drifted and self.on_drift is not None:
             self.on_drift(
                 name,
                 tracked.pod,
-                f"container {plan.index} runs on {', '.join(d.uuid for d in plan.allocated_entry)}"
-                f", not the reserved {', '.join(d.uuid for d in plan.reserved)}; "
-                "accounting follows what runs",
+                "container "
+                f"{consumed.index} runs on "
+                f"{', '.join(d.uuid for d in consumed.allocated_entry)}, not the reserved "
+                f"{', '.join(d.uuid for d in consumed.reserved)}; accounting follows what runs",
             )
         reply = self._base(node)
         reply.update(
@@ -324,19 +547,20 @@ class Operations:
                 "podUID": tracked.pod.uid,
                 "podNamespace": tracked.pod.namespace,
                 "podName": tracked.pod.name,
-                "containerIndex": plan.index,
-                "containerName": tracked.pod.containers[plan.index].name,
-                "containerDevices": codec.encode_container(plan.allocated_entry),
-                "drifted": plan.drifted,
-                "bindPhase": plan.annotations.get(keys.BIND_PHASE, ""),
+                "containerIndex": consumed.index,
+                "containerName": tracked.pod.containers[consumed.index].name,
+                "containerDevices": codec.encode_container(consumed.allocated_entry),
+                "drifted": consumed.drifted,
+                "bindPhase": consumed.annotations.get(keys.BIND_PHASE, ""),
             }
         )
         return Outcome(reply, changed)
 
     async def pending(self, name: str, r: Reader) -> Outcome:
-        node = self.ledger.node(name)
-        tracked = pending_pod(node)
+        node = self.ledger.get(name)
         reply = self._base(node)
+        reply["node"] = name
+        tracked = None if node is None else pending_pod(node)
         if tracked is None:
             reply["pod"] = None
         else:
@@ -362,9 +586,11 @@ class Operations:
             reply["more"] = len(names) > limit
             reply["next"] = page[-1] if page else after
         else:
-            node = self.ledger.node(name)
-            nodes = [node]
-            reply = self._base(node)
+            # A node the ledger does not know: an empty answer, and nothing is created.
+            known = self.ledger.get(name)
+            nodes = [] if known is None else [known]
+            reply = self._base(known)
+            reply["node"] = name
         reply["nodes"] = [node_state_to_wire(n.state()) for n in nodes]
         uid = r.opt_text("podUID")
         if uid:
@@ -376,16 +602,17 @@ class Operations:
         return Outcome(reply, set())
 
     async def register(self, name: str, r: Reader) -> Outcome:
-        """Write the node's GPU inventory as HAMi's register annotation."""
+        """Write the node's GPU inventory as HAMi's register annotation. The Node object the
+        API server returns is what enters the ledger (a node not seen yet included)."""
         items = r.objects("devices")
         try:
             devices = codec.parse_register_items(items)
         except CoreError as exc:
             raise Refused("invalid_request", f"devices: {exc}") from exc
         value = codec.encode_register(devices)
-        node = self.ledger.node(name)
+        budget = self._budget()
         try:
-            async with asyncio.timeout(self._budget()):
+            async with asyncio.timeout(budget):
                 body = await self.kube.patch_node_annotations(name, {keys.NODE_REGISTER: value})
         except TimeoutError as exc:
             raise Refused("deadline_exceeded", f"patch of node {name} timed out") from exc
@@ -393,39 +620,66 @@ class Operations:
             raise Refused("node_unavailable", f"node {name} does not exist") from exc
         except kube_io.KubeError as exc:
             raise Refused("api_error", str(exc)) from exc
-        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        annotations = (meta.get("annotations") if isinstance(meta, dict) else None) or {}
+        if not isinstance(annotations, dict):
+            raise Refused("api_error", f"node {name}: annotations are not an object")
         changed = {name} if self.ledger.set_node(name, annotations) else set()
-        return Outcome(self._base(node), changed)
+        return Outcome(self._base(self.ledger.get(name)), changed)
 
     # --- dispatch ---------------------------------------------------------------------------
 
     async def handle(self, op: str, node_token: str, body: Mapping[str, Any]) -> Outcome:
         """Run one operation; refusals and bad input become replies, never exceptions."""
         reader = Reader(body, op)
-        name = node_token
+        name = ""
+        observed: set[str] = set()
+        _OBSERVED.set(observed)
         try:
             deadline_ms = reader.opt_integer("deadlineMs")
             _DEADLINE.set(None if deadline_ms is None else Deadline.after_ms(deadline_ms))
-            if node_token != subjects.ALL_NODES:
-                name = reader.text("node")
-                if subjects.node_token(name) != node_token:
-                    raise Refused(
-                        "unauthorized", f"node {name!r} does not match subject token {node_token!r}"
-                    )
-            handler = self.handlers[op]
-            if op in ("pending", "snapshot"):
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise Refused("invalid_request", f"unknown operation {shown(op)}")
+            if node_token == subjects.ALL_NODES:
+                if op != "snapshot":
+                    raise Refused("invalid_request", f"{op} must name one node")
+                outcome = await self.snapshot(subjects.ALL_NODES, reader)
+                return outcome
+            if not subjects.valid_token(node_token):
+                raise Refused("invalid_request", f"subject token {shown(node_token)} names no node")
+            try:
+                name = subjects.check_name(reader.text("node"), "node")
+            except InvalidName as exc:
+                raise Refused("invalid_request", f"{op}: {exc}") from exc
+            if subjects.node_token(name) != node_token:
+                raise Refused(
+                    "unauthorized",
+                    f"node {shown(name)} does not match subject token {shown(node_token)}",
+                )
+            if op in NO_WRITE_OPS:
                 return await handler(name, reader)
-            async with self.locks[name]:
-                return await handler(name, reader)
+            if op != "register":
+                self._known(name)
+            async with self.lock(name):
+                if op != "register":
+                    self._known(name)  # it may have been deleted while this request waited
+                outcome = await handler(name, reader)
+            outcome.changed |= observed
+            return outcome
         except Refused as exc:
-            return Outcome(self._refusal(exc.code, str(exc), name), set())
+            return Outcome(self._refusal(exc.code, str(exc), name, exc.extra), set(observed))
         except WireError as exc:
-            return Outcome(self._refusal("invalid_request", str(exc), name), set())
+            return Outcome(self._refusal("invalid_request", str(exc), name), set(observed))
 
-    def _refusal(self, code: str, message: str, name: str) -> dict[str, Any]:
-        reply: dict[str, Any] = {"ok": False, "code": code, "error": message}
+    def _refusal(
+        self, code: str, message: str, name: str, extra: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        reply: dict[str, Any] = {"ok": False, "code": code, "error": bounded(message)}
         reply["epoch"] = self.ledger.epoch
-        node = self.ledger.nodes.get(name)
+        node = self.ledger.get(name) if name else None
         if node is not None:
             reply["revision"] = node.revision
+        if extra:
+            reply.update(extra)
         return reply

@@ -2,7 +2,14 @@
 
 Start: list nodes, pods and quotas and rebuild the ledger from the annotations (readiness waits
 for that), then serve `numafit.accounting.v1.<op>.<node>` and keep the ledger in step with the
-API server through watches. Every change of a node is published on `numafit.usage.v1.<node>`.
+API server through watches of pods, nodes and resource quotas. Every change of a node is
+published on `numafit.usage.v1.<node>`; a deleted node is published once more with
+`"deleted": true` (and no devices) so readers drop it.
+
+The watches are the service's job itself: each is an eternal task that relists after a 410 and
+retries failed lists and watches with backoff, forever. Should one ever end anyway, readiness
+fails for good and the process exits 1 (TaskSet's `on_fatal`), so a frozen ledger never keeps
+answering.
 """
 
 from __future__ import annotations
@@ -28,14 +35,33 @@ from shared.service.health import Readiness
 from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
 from shared.service.tasks import TaskSet
+from shared.subjects import shown
 from shared.wire import WireError, dumps, loads_object
 from svc_accounting.ledger import Ledger, NodeLedger
 from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.operations import Operations
+from svc_accounting.operations import Operations, bounded
 
 log = logging.getLogger("numafit.accounting")
 
 VERSION = "0.1.0"
+
+EVENT_TIMEOUT = 2.0
+"""Longest the drift Event may take to record (it is informational: never worth waiting on)."""
+BACKOFF_START = 0.2
+BACKOFF_MAX = 5.0
+WATCH_KINDS = ("pods", "nodes", "resourcequotas")
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.delay = BACKOFF_START
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+
+    def reset(self) -> None:
+        self.delay = BACKOFF_START
 
 
 class AccountingService:
@@ -49,6 +75,8 @@ class AccountingService:
         readiness: Readiness | None = None,
         quota_resync_seconds: float = 30.0,
         write_timeout: float = 2.0,
+        event_timeout: float = EVENT_TIMEOUT,
+        watch_timeout_seconds: int = 300,
     ) -> None:
         self.nc = nc
         self.kube = kube
@@ -60,18 +88,22 @@ class AccountingService:
             self.ledger, kube, write_timeout=write_timeout, on_drift=self._record_drift
         )
         self.quota_resync_seconds = quota_resync_seconds
+        """ResourceQuotas are watched; the quota watch is renewed at least this often."""
+        self.event_timeout = event_timeout
+        self.watch_timeout_seconds = watch_timeout_seconds
         self._service: Service | None = None
-        self.tasks = TaskSet()
+        self.tasks = TaskSet(on_fatal=self.readiness.fail)
         self.inflight = InFlight()
+        self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
+        """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        pods_rv, nodes_rv = await self.rebuild()
+        versions = await self.rebuild()
         self.readiness.set("ledger")
-        self.tasks.spawn(self._watch_loop("pods", pods_rv), "watch-pods")
-        self.tasks.spawn(self._watch_loop("nodes", nodes_rv), "watch-nodes")
-        self.tasks.spawn(self._quota_loop(), "quota-resync")
+        for kind in WATCH_KINDS:
+            self.tasks.spawn(self._watch_loop(kind, versions[kind]), f"watch-{kind}", eternal=True)
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -97,7 +129,8 @@ class AccountingService:
         )
 
     async def stop(self, grace: float) -> None:
-        """Stop taking requests, finish in-flight ones within `grace`, stop background work."""
+        """Stop taking requests, finish in-flight ones within `grace`, stop background work
+        (event recording included: nothing outlives shutdown)."""
         self.readiness.draining = True
         if self._service is not None:
             await self._service.stop()
@@ -111,69 +144,102 @@ class AccountingService:
 
     # --- rebuild and watches ----------------------------------------------------------------
 
-    async def rebuild(self) -> tuple[str, str]:
-        """The whole ledger from the API server's annotations (phase-aware, init-released)."""
+    async def rebuild(self) -> dict[str, str]:
+        """The whole ledger from the API server's annotations (phase-aware, init-released).
+        Returns the resourceVersion each watch starts from."""
         nodes, nodes_rv = await self.kube.list_nodes()
         for node in nodes:
             meta = node.get("metadata") or {}
-            self.ledger.set_node(meta.get("name", ""), meta.get("annotations") or {})
-        await self._resync_quota()
+            name = meta.get("name", "")
+            if isinstance(name, str) and subjects.valid_name(name):
+                self.ledger.set_node(name, meta.get("annotations") or {})
+        quotas, quotas_rv = await self.kube.list_resource_quotas_versioned()
+        self._set_quotas(quotas)
         pods, pods_rv = await self.kube.list_pods()
         for obj in pods:
             self._observe(obj)
-        return pods_rv, nodes_rv
+        return {"pods": pods_rv, "nodes": nodes_rv, "resourcequotas": quotas_rv}
 
     def _observe(self, obj: dict[str, Any], deleted: bool = False) -> set[str]:
         try:
             pod = pod_from_object(obj)
         except CoreError as exc:
-            log.warning("pod ignored", extra={"error": str(exc)})
+            log.warning("pod ignored", extra={"error": bounded(str(exc))})
             return set()
         return self.ledger.forget(pod.uid) if deleted else self.ledger.observe(pod)
 
-    async def _watch_loop(self, kind: str, resource_version: str) -> None:
-        backoff = 0.2
+    async def _watch_loop(self, kind: str, resource_version: str | None) -> None:
+        """Follow one kind forever: watch from `resource_version`; after a 410 (or with no
+        version) relist first. Every failure, of the list or of the watch, is retried with
+        backoff; only cancellation ends the loop."""
+        backoff = _Backoff()
         while True:
             try:
-                async for event_type, obj in self.kube.watch(kind, resource_version):
+                if resource_version is None:
+                    resource_version = await self._relist(kind)
+                async for event_type, obj in self.kube.watch(
+                    kind, resource_version, self._watch_timeout(kind)
+                ):
                     meta = obj.get("metadata") or {}
-                    resource_version = meta.get("resourceVersion", resource_version)
-                    if event_type == "BOOKMARK":
-                        continue
-                    if kind == "pods":
-                        changed = self._observe(obj, deleted=event_type == "DELETED")
-                    else:
-                        name = meta.get("name", "")
-                        changed = (
-                            {name}
-                            if event_type != "DELETED"
-                            and self.ledger.set_node(name, meta.get("annotations") or {})
-                            else set()
-                        )
-                    if changed:
-                        await self.publish(self.ledger.nodes[n] for n in changed)
-                backoff = 0.2
+                    resource_version = meta.get("resourceVersion") or resource_version
+                    if event_type != "BOOKMARK":
+                        await self._apply_event(kind, event_type, obj)
+                    backoff.reset()
             except asyncio.CancelledError:
                 raise
             except kube_io.Gone:
                 log.info("watch expired; relisting", extra={"kind": kind})
-                resource_version = await self._relist(kind)
+                resource_version = None
             except Exception as exc:
-                log.warning("watch failed; retrying", extra={"kind": kind, "error": repr(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                log.warning(
+                    "watch or list failed; retrying",
+                    extra={"kind": kind, "error": bounded(repr(exc)), "delay": backoff.delay},
+                )
+                await backoff.wait()
+
+    def _watch_timeout(self, kind: str) -> int:
+        if kind == "resourcequotas":
+            return max(1, min(self.watch_timeout_seconds, int(self.quota_resync_seconds)))
+        return self.watch_timeout_seconds
+
+    async def _apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "pods":
+            await self._publish_changed(self._observe(obj, deleted=event_type == "DELETED"))
+        elif kind == "nodes":
+            name = meta.get("name", "")
+            if not isinstance(name, str) or not subjects.valid_name(name):
+                return
+            if event_type == "DELETED":
+                await self._drop_node(name)
+            elif self.ledger.set_node(name, meta.get("annotations") or {}):
+                await self._publish_changed({name})
+        else:
+            key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+            if event_type == "DELETED":
+                self._quotas.pop(key, None)
+            else:
+                self._quotas[key] = obj
+            self._apply_quotas()
 
     async def _relist(self, kind: str) -> str:
         if kind == "nodes":
             nodes, rv = await self.kube.list_nodes()
-            changed = {
-                n["metadata"]["name"]
-                for n in nodes
-                if self.ledger.set_node(
-                    n["metadata"]["name"], n["metadata"].get("annotations") or {}
-                )
-            }
-        else:
+            changed: set[str] = set()
+            listed: set[str] = set()
+            for obj in nodes:
+                meta = obj.get("metadata") or {}
+                name = meta.get("name", "")
+                if not isinstance(name, str) or not subjects.valid_name(name):
+                    continue
+                listed.add(name)
+                if self.ledger.set_node(name, meta.get("annotations") or {}):
+                    changed.add(name)
+            for name in [n for n, node in self.ledger.nodes.items() if node.listed]:
+                if name not in listed:
+                    await self._drop_node(name)  # deleted while the watch was not looking
+            await self._publish_changed(changed)
+        elif kind == "pods":
             pods, rv = await self.kube.list_pods()
             seen = set()
             changed = set()
@@ -182,25 +248,73 @@ class AccountingService:
                 seen.add((obj.get("metadata") or {}).get("uid"))
             for uid in [u for u in self.ledger.pod_node if u not in seen]:
                 changed |= self.ledger.forget(uid)
-        await self.publish(self.ledger.nodes[n] for n in changed)
+            await self._publish_changed(changed)
+        else:
+            quotas, rv = await self.kube.list_resource_quotas_versioned()
+            self._set_quotas(quotas)
         return rv
 
-    async def _resync_quota(self) -> None:
-        quotas = await self.kube.list_resource_quotas()
-        try:
-            self.ledger.set_quota_limits(limits_from_quotas(quotas, self.config))
-        except CoreError as exc:
-            log.warning("resource quotas ignored", extra={"error": str(exc)})
+    # --- quotas -----------------------------------------------------------------------------
 
-    async def _quota_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.quota_resync_seconds)
+    def _set_quotas(self, quotas: Iterable[dict[str, Any]]) -> None:
+        self._quotas = {}
+        for obj in quotas:
+            meta = obj.get("metadata") or {}
+            key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+            self._quotas[key] = obj
+        self._apply_quotas()
+
+    def _apply_quotas(self) -> None:
+        """Limits from every ResourceQuota that parses; one that does not is skipped (and
+        logged) without discarding the others."""
+        valid = []
+        for (namespace, name), obj in self._quotas.items():
             try:
-                await self._resync_quota()
-            except kube_io.KubeError as exc:
-                log.warning("quota resync failed", extra={"error": str(exc)})
+                limits_from_quotas([obj], self.config)
+            except CoreError as exc:
+                log.warning(
+                    "resource quota ignored",
+                    extra={"quota": f"{namespace}/{name}", "error": bounded(str(exc))},
+                )
+                continue
+            valid.append(obj)
+        self.ledger.set_quota_limits(limits_from_quotas(valid, self.config))
 
     # --- publishing -------------------------------------------------------------------------
+
+    async def _publish_changed(self, names: Iterable[str]) -> None:
+        """Publish the nodes that changed; one that left the ledger meanwhile (its last pod
+        went, or the Node was deleted) is published as deleted."""
+        present: list[NodeLedger] = []
+        for name in sorted(set(names)):
+            node = self.ledger.get(name)
+            if node is not None:
+                present.append(node)
+            else:
+                await self._publish_deleted(name, 0)
+        await self.publish(present)
+
+    async def _drop_node(self, name: str) -> None:
+        """A Node DELETED: out of the ledger (its pods released), its series removed, and
+        readers told to drop it. Its lock goes with the last request that holds it."""
+        dropped = self.ledger.drop_node(name)
+        if dropped is None:
+            return
+        log.info("node deleted", extra={"node": name, "pods": len(dropped.pods)})
+        await self._publish_deleted(name, dropped.revision + 1)
+        self.metrics.tracked.set(len(self.ledger.pod_node))
+
+    async def _publish_deleted(self, name: str, revision: int) -> None:
+        self.metrics.node_gone(name)
+        body = {
+            "epoch": self.ledger.epoch,
+            "node": name,
+            "revision": revision,
+            "devices": {},
+            "deleted": True,
+        }
+        with contextlib.suppress(Exception):  # a broken connection must not fail the watch
+            await self.nc.publish(subjects.usage(name), dumps(body))
 
     async def publish(self, nodes: Iterable[NodeLedger]) -> None:
         """Each node's revision and per-device usage, for every reader's read model."""
@@ -229,23 +343,28 @@ class AccountingService:
             try:
                 body = loads_object(request.data, f"{op} request")
             except WireError as exc:
-                reply = {"ok": False, "code": "invalid_request", "error": str(exc)}
+                reply = {"ok": False, "code": "invalid_request", "error": bounded(str(exc))}
                 changed: set[str] = set()
             else:
                 outcome = await self.ops.handle(op, subjects.last_token(request.subject), body)
                 reply, changed = outcome.reply, outcome.changed
             if changed:
-                await self.publish(self.ledger.nodes[n] for n in changed if n in self.ledger.nodes)
-            self.metrics.commits.labels(op, reply["code"]).inc()
+                await self._publish_changed(changed)
+            self.metrics.result(op, str(reply["code"]))
             if not reply["ok"]:
                 log.info(
                     "accounting refused",
-                    extra={"op": op, "code": reply["code"], "error": reply.get("error")},
+                    extra={
+                        "op": op,
+                        "code": reply["code"],
+                        "subject": shown(request.subject),
+                        "error": bounded(str(reply.get("error", ""))),
+                    },
                 )
             await request.respond(dumps(reply))
         except Exception:
             log.exception("accounting operation failed", extra={"op": op})
-            self.metrics.commits.labels(op, "internal_error").inc()
+            self.metrics.result(op, "internal_error")
             with contextlib.suppress(Exception):
                 await request.respond(
                     dumps({"ok": False, "code": "api_error", "error": "internal error"})
@@ -254,12 +373,14 @@ class AccountingService:
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()
         log.warning(
-            "allocation differs from reservation", extra={"pod": pod.key, "detail": message}
+            "allocation differs from reservation",
+            extra={"pod": pod.key, "detail": bounded(message)},
         )
+        timeout = self.event_timeout
 
         async def record() -> None:
             try:
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(timeout):
                     await self.kube.create_event(
                         {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
                         "Warning",
@@ -267,6 +388,10 @@ class AccountingService:
                         message,
                     )
             except (TimeoutError, kube_io.KubeError) as exc:
-                log.warning("event not recorded", extra={"pod": pod.key, "error": str(exc)})
+                log.warning(
+                    "event not recorded", extra={"pod": pod.key, "error": bounded(repr(exc))}
+                )
 
+        if self.tasks.stopping:
+            return  # shutting down: an Event must not outlive the service
         self.tasks.spawn(record(), "drift-event")

@@ -11,6 +11,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
+from shared import subjects
 from shared.service.health import Readiness
 from shared.service.kube_io import Kube
 from shared.service.runner import run, serve
@@ -59,7 +60,17 @@ def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentPar
         help="simulated GPUs from a YAML/JSON topology instead of NVML (tests, demos)",
     )
     parser.add_argument(
-        "--refit-timeout-ms", type=int, default=2000, help="refit budget (default %(default)s)"
+        "--xid-file",
+        default=env.get("NUMAFIT_XID_FILE"),
+        help="with --topology: inject GPU health events; every line appended to this file, "
+        "'<uuid> <xid>' ('*' for every GPU), is one XID event (env NUMAFIT_XID_FILE)",
+    )
+    parser.add_argument(
+        "--refit-timeout-ms",
+        type=int,
+        default=2000,
+        help="budget of each kubelet call (GetPreferredAllocation, Allocate), every hop "
+        "included; a refit gets what is left of it (default %(default)s)",
     )
     parser.add_argument("--no-refit", action="store_true", help="never ask for NUMA refits")
     parser.add_argument(
@@ -86,16 +97,19 @@ def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentPar
     return parser
 
 
-def backend_for(topology: str | None) -> GpuBackend:
+def backend_for(topology: str | None, xid_file: str | None = None) -> GpuBackend:
     if topology:
-        return SimulatedBackend.from_file(Path(topology))
+        return SimulatedBackend.from_file(Path(topology), xid_file=xid_file)
     return NvmlBackend()
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugin") -> int:
     args = build_parser(prog).parse_args(argv)
+    if args.xid_file and not args.topology:
+        print(f"{prog}: --xid-file needs --topology (simulated GPUs)", file=sys.stderr)
+        return 2
     try:
-        backend = backend_for(args.topology)
+        backend = backend_for(args.topology, args.xid_file)
     except DiscoveryError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
@@ -109,22 +123,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugi
         backend.close()
         print(f"{prog}: --node (or NODE_NAME) is required", file=sys.stderr)
         return 2
+    try:
+        subjects.check_name(args.node, "--node (or NODE_NAME)")
+        config = _config(args)
+    except ValueError as exc:  # InvalidName is a ValueError
+        backend.close()
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     settings = common_from_args(args)
-    config = PluginConfig(
-        node=args.node,
-        directory=Path(args.device_plugin_dir),
-        socket_name=args.socket_name,
-        resource_name=args.resource_name,
-        replicas=args.replicas,
-        refit_enabled=not args.no_refit,
-        refit_timeout_ms=args.refit_timeout_ms,
-        mig_mode=args.operating_mode == "mig",
-        hami_core=HamiCorePaths(
-            library_host=f"{args.hami_core_dir}/libvgpu.so",
-            preload_host=f"{args.hami_core_dir}/ld.so.preload",
-            cache_host_dir=args.cache_dir,
-        ),
-    )
     readiness = Readiness("registered")
 
     def factory(
@@ -138,6 +144,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugi
         serve("numafit-deviceplugin", settings, factory, readiness, use_kube=False),
         settings.log_level,
         settings.log_format,
+    )
+
+
+def _config(args: argparse.Namespace) -> PluginConfig:
+    return PluginConfig(
+        node=args.node,
+        directory=Path(args.device_plugin_dir),
+        socket_name=args.socket_name,
+        resource_name=args.resource_name,
+        replicas=args.replicas,
+        refit_enabled=not args.no_refit,
+        refit_timeout_ms=args.refit_timeout_ms,
+        mig_mode=args.operating_mode == "mig",
+        hami_core=HamiCorePaths(
+            library_host=f"{args.hami_core_dir}/libvgpu.so",
+            preload_host=f"{args.hami_core_dir}/ld.so.preload",
+            cache_host_dir=args.cache_dir,
+        ),
     )
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import subjects
+from shared.core.refit import MAX_TIMEOUT_MS
+
 
 @dataclass(frozen=True, slots=True)
 class HamiCorePaths:
@@ -30,15 +33,26 @@ class PluginConfig:
     """Replica slots advertised per GPU (HAMi's device split count)."""
     refit_enabled: bool = True
     refit_timeout_ms: int = 2000
-    """The refit budget: kubelet imposes no deadline on GetPreferredAllocation and admits
-    pods serially, so this bound is the node's only protection."""
+    """The budget of one kubelet call (GetPreferredAllocation or Allocate), every hop
+    included: asking accounting for the pending pod, the refit (its `timeoutMs` is what is
+    left), recording a failed binding, consuming the entry. kubelet imposes no deadline on
+    these calls and admits pods serially, so this bound is the node's only protection."""
     mig_mode: bool = False
     """Operating mode `mig`: no refits (HAMi refuses MIG on both sides)."""
     accounting_timeout: float = 2.0
     watch_interval: float = 1.0
     """How often kubelet.sock and the plugin's socket are checked for a kubelet restart."""
-    health_interval: float = 10.0
+    health_wait_ms: int = 250
+    """How long one wait for a GPU health event (NVML's nvmlEventSetWait_v2) may block its
+    worker thread; it bounds how long stopping waits for the health watch."""
     hami_core: HamiCorePaths = HamiCorePaths()
+
+    def __post_init__(self) -> None:
+        subjects.check_name(self.node, "node name")
+        if not 0 < self.refit_timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(f"refit timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
+        if self.replicas < 1:
+            raise ValueError("replicas must be at least 1")
 
     @property
     def socket_path(self) -> Path:

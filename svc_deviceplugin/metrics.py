@@ -1,10 +1,67 @@
-"""The device plugin's Prometheus metrics (names fixed by DESIGN.md)."""
+"""The device plugin's Prometheus metrics (names fixed by DESIGN.md).
+
+Every labelled series the plugin can produce is created at zero when the metrics are built,
+so dashboards and alerts (`rate()`, `increase()`) see a series from the first scrape, and label
+values never come from outside input: anything not listed here is counted as `other`.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from svc_refit.metrics import LATENCY_BUCKETS
+
+REFIT_RESULTS: dict[str, tuple[str, ...]] = {
+    "none": ("no_mismatch", "not_opted_in"),
+    "best-effort": (
+        "moved",
+        "already_aligned",
+        "fallback",
+        "timeout",
+        "unmappable",
+        "no_mismatch",
+    ),
+    "strict": (
+        "moved",
+        "already_aligned",
+        "strict_failed",
+        "timeout",
+        "unmappable",
+        "no_mismatch",
+    ),
+}
+"""`numafit_deviceplugin_refits_total{mode, result}`: the results each mode can have."""
+
+ALLOCATION_RESULTS = (
+    "ok",
+    "unknown_device",
+    "accounting_unavailable",
+    "deadline_exceeded",
+    "conflict",
+    "nothing_pending",
+    "invalid_request",
+    "pod_not_tracked",
+    "node_mismatch",
+    "api_error",
+    "unusable_reply",
+    "other",
+)
+"""`numafit_deviceplugin_allocations_total{result}`: ok, or why the Allocate failed (an
+accounting refusal code, or `other` for a code this plugin does not know)."""
+
+CALL_METHODS = ("GetPreferredAllocation", "Allocate")
+XID_ACTIONS = (
+    "marked_unhealthy",
+    "already_unhealthy",
+    "ignored",
+    "unknown_gpu",
+    "watch_unavailable",
+)
+
+
+def allocation_result(code: object) -> str:
+    """The `result` label for an accounting reply code (bounded to the known values)."""
+    return code if isinstance(code, str) and code in ALLOCATION_RESULTS else "other"
 
 
 class PluginMetrics:
@@ -39,3 +96,40 @@ class PluginMetrics:
             "Successful registrations with kubelet (more than one means kubelet restarted).",
             registry=self.registry,
         )
+        self.call_duration = Histogram(
+            "numafit_deviceplugin_kubelet_call_duration_seconds",
+            "Wall time of kubelet's calls into the plugin, every hop included (bounded by "
+            "--refit-timeout-ms plus a small margin).",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.deadline_exceeded = Counter(
+            "numafit_deviceplugin_call_deadline_exceeded",
+            "kubelet calls cut short by their deadline (a hop did not end in time).",
+            ["method"],
+            registry=self.registry,
+        )
+        self.xid_events = Counter(
+            "numafit_deviceplugin_xid_events",
+            "GPU health events by what the plugin did: marked_unhealthy, already_unhealthy, "
+            "ignored (an application XID: 13, 31, 43, 45, 68, 109), unknown_gpu, watch_unavailable "
+            "(the backend offers no health events: health checks disabled).",
+            ["action"],
+            registry=self.registry,
+        )
+        self.unhealthy_gpus = Gauge(
+            "numafit_deviceplugin_unhealthy_gpus",
+            "GPUs of this node reported Unhealthy to kubelet and health false to the scheduler.",
+            registry=self.registry,
+        )
+        for mode, results in REFIT_RESULTS.items():
+            for result in results:
+                self.refits.labels(mode, result)
+        for result in ALLOCATION_RESULTS:
+            self.allocations.labels(result)
+        for method in CALL_METHODS:
+            self.call_duration.labels(method)
+            self.deadline_exceeded.labels(method)
+        for action in XID_ACTIONS:
+            self.xid_events.labels(action)

@@ -3,6 +3,10 @@ re-registration when kubelet restarts (it recreates kubelet.sock and removes plu
 
 Everything runs on one asyncio loop with `grpc.aio`: kubelet dials back into the plugin
 inside the Register call, so a blocking Register would deadlock the plugin's own server.
+
+Each GetPreferredAllocation and Allocate gets one deadline (`refit_timeout_ms` from its start)
+that every hop below takes its budget from; a backstop a little after it (`BACKSTOP_S`) ends
+the call with DEADLINE_EXCEEDED should any hop not keep to its budget.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from grpc import aio
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
+from shared.service.lifecycle import Deadline
+from shared.subjects import shown
 from svc_deviceplugin.allocator import AdmissionRefused, Allocator, ContainerPreference
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.inventory import Replica
@@ -26,6 +33,10 @@ from svc_deviceplugin.metrics import PluginMetrics
 log = logging.getLogger("numafit.deviceplugin")
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+BACKSTOP_S = 0.1
+"""How long after its deadline a kubelet call is cut short if a hop overran its budget."""
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     Context = aio.ServicerContext[Any, Any]
@@ -36,13 +47,37 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
 
     def __init__(self, allocator: Allocator, replicas: Callable[[], list[Replica]]) -> None:
         self.allocator = allocator
+        self.metrics = allocator.metrics
         self.replicas = replicas
         self.changed = asyncio.Condition()
+        self.version = 0
+        """Bumped by every `notify`: a ListAndWatch stream sends again when it moved on, so a
+        change while the stream waits for kubelet to read is never lost."""
         self.stopping = False
 
     async def notify(self) -> None:
         async with self.changed:
+            self.version += 1
             self.changed.notify_all()
+
+    async def _within_deadline(
+        self, method: str, deadline: Deadline, work: Awaitable[T], context: Context
+    ) -> T:
+        """`work` bounded by the call's deadline (plus the backstop), timed."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(deadline.remaining() + BACKSTOP_S):
+                return await work
+        except TimeoutError:
+            self.metrics.deadline_exceeded.labels(method).inc()
+            budget = self.allocator.config.refit_timeout_ms
+            log.error("kubelet call overran its deadline", extra={"method": method})
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"{method} did not finish within {budget} ms"
+            )
+            raise  # abort raises; this is for the type checker
+        finally:
+            self.metrics.call_duration.labels(method).observe(time.perf_counter() - started)
 
     def device_list(self) -> api_pb2.ListAndWatchResponse:
         devices = []
@@ -70,12 +105,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
         self, request: api_pb2.Empty, context: Context
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         # Each message replaces kubelet's whole list, so always send every replica.
+        sent = [self.version]
+
+        def moved_on() -> bool:
+            return self.stopping or self.version != sent[0]
+
         yield self.device_list()
         while not self.stopping:
             async with self.changed:
-                await self.changed.wait()
+                await self.changed.wait_for(moved_on)
             if self.stopping:
                 return
+            sent[0] = self.version
             yield self.device_list()
 
     async def GetPreferredAllocation(
@@ -87,8 +128,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
             )
             for r in request.container_requests
         ]
+        deadline = self.allocator.deadline()
         try:
-            answers = await self.allocator.preferred(asks)
+            answers = await self._within_deadline(
+                "GetPreferredAllocation",
+                deadline,
+                self.allocator.preferred(asks, deadline),
+                context,
+            )
         except AdmissionRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return api_pb2.PreferredAllocationResponse(
@@ -100,17 +147,25 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[m
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Context
     ) -> api_pb2.AllocateResponse:
+        deadline = self.allocator.deadline()
+        return await self._within_deadline(
+            "Allocate", deadline, self._allocate(request, deadline, context), context
+        )
+
+    async def _allocate(
+        self, request: api_pb2.AllocateRequest, deadline: Deadline, context: Context
+    ) -> api_pb2.AllocateResponse:
         responses = []
         for container in request.container_requests:
             try:
-                allocation = await self.allocator.allocate(list(container.devices_ids))
+                allocation = await self.allocator.allocate(list(container.devices_ids), deadline)
             except AdmissionRefused as exc:
                 code = (
                     grpc.StatusCode.INVALID_ARGUMENT
                     if exc.invalid_argument
                     else grpc.StatusCode.FAILED_PRECONDITION
                 )
-                log.warning("allocate refused", extra={"error": str(exc)})
+                log.warning("allocate refused", extra={"error": shown(str(exc), 300)})
                 await context.abort(code, str(exc))
             responses.append(
                 api_pb2.ContainerAllocateResponse(
@@ -162,12 +217,14 @@ class PluginServer:
         self._server = server
 
     async def _stop_serving(self) -> None:
-        if self._server is not None:
+        server, self._server = self._server, None
+        if server is not None:
             self.servicer.stopping = True
             await self.servicer.notify()
-            await self._server.stop(grace=1.0)
-            self._server = None
-            self.servicer.stopping = False
+            try:
+                await server.stop(grace=1.0)
+            finally:
+                self.servicer.stopping = False
 
     async def _register(self) -> None:
         async with aio.insecure_channel(f"unix://{self.config.kubelet_socket}") as channel:
@@ -183,7 +240,16 @@ class PluginServer:
             )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve, register, and start over whenever kubelet restarts, until `stop`."""
+        """Serve, register, and start over whenever kubelet restarts, until `stop` (or until
+        cancelled: the socket is closed and removed either way)."""
+        try:
+            await self._run(stop)
+        finally:
+            await self._stop_serving()
+            with contextlib.suppress(FileNotFoundError):
+                self.config.socket_path.unlink()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         backoff = 0.2
         while not stop.is_set():
             if _inode(self.config.kubelet_socket) is None:
@@ -194,9 +260,9 @@ class PluginServer:
             try:
                 await self._register()
             except grpc.RpcError as exc:
+                detail = exc.details() if hasattr(exc, "details") else exc
                 log.warning(
-                    "registration failed; retrying",
-                    extra={"error": str(exc.details() if hasattr(exc, "details") else exc)},
+                    "registration failed; retrying", extra={"error": shown(str(detail), 200)}
                 )
                 await self._stop_serving()
                 await _wait(stop, backoff)
@@ -222,8 +288,6 @@ class PluginServer:
                     self.registered.clear()
                     break
             await self._stop_serving()
-        with contextlib.suppress(FileNotFoundError):
-            self.config.socket_path.unlink()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

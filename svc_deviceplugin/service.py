@@ -1,7 +1,18 @@
-"""svc_deviceplugin: discovery, kubelet registration, inventory to accounting, refits.
+"""svc_deviceplugin: discovery, kubelet registration, inventory to accounting, refits, health.
 
 The plugin talks only to kubelet (gRPC) and NATS: the pending pod, allocations and the node's
 inventory all go through accounting, so a node's credentials never include pod writes.
+
+Its loops (the plugin server with its kubelet re-registration watch, the inventory writer, the
+GPU health watch, the reconcile loop) are eternal tasks: if one ever ends while the plugin is
+not stopping, readiness fails for good and the process exits 1 for Kubernetes to restart it.
+
+GPU health: the backend's health watch (NVML XID events, or injected ones on simulated GPUs)
+is read in a worker thread. An XID other than the application ones marks its GPU unhealthy for
+the plugin's lifetime (as NVIDIA's plugin does; an XID that needs a reset does not heal): its
+replicas are sent `Unhealthy` in a new ListAndWatch message, and the register annotation
+(written through accounting) carries `health: false` for it, so the scheduler stops placing
+there.
 """
 
 from __future__ import annotations
@@ -9,6 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeVar
 
 from nats.aio.client import Client
 
@@ -16,14 +30,23 @@ from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core import codec
 from shared.service.health import Readiness
 from shared.service.tasks import TaskSet
+from shared.subjects import shown
 from svc_deviceplugin.allocator import Allocator
 from svc_deviceplugin.config import PluginConfig
-from svc_deviceplugin.discovery import GpuBackend, GpuInfo
+from svc_deviceplugin.discovery import (
+    DiscoveryError,
+    GpuBackend,
+    GpuInfo,
+    HealthEvent,
+    HealthWatch,
+)
 from svc_deviceplugin.inventory import Replica, register_devices, replicas
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.server import DevicePluginServicer, PluginServer
 
 log = logging.getLogger("numafit.deviceplugin")
+
+T = TypeVar("T")
 
 
 class DevicePluginService:
@@ -43,26 +66,40 @@ class DevicePluginService:
         self.metrics = metrics or PluginMetrics()
         self.readiness = readiness or Readiness("registered")
         self.reconcile_interval = reconcile_interval
+        self.tasks = TaskSet(on_fatal=self.readiness.fail)
         self.gpus: list[GpuInfo] = backend.list_gpus()
-        self.allocator = Allocator(config, nc, self.metrics, frozenset(g.uuid for g in self.gpus))
+        self.unhealthy: dict[str, str] = {}
+        """GPUs marked unhealthy by a health event: uuid -> what was seen."""
+        self.allocator = Allocator(
+            config, nc, self.metrics, frozenset(g.uuid for g in self.gpus), self.tasks
+        )
         self.servicer = DevicePluginServicer(self.allocator, self.replicas)
         self.server = PluginServer(config, self.servicer, self.metrics)
         self.accounting = AccountingClient(nc, config.accounting_timeout)
         self.inventory_registered = asyncio.Event()
+        """Set once accounting has the current inventory (cleared while a change is unsent)."""
+        self.health_watched = asyncio.Event()
+        """Set once the health watch is open: events from then on are seen."""
+        self._inventory_changed = asyncio.Event()
+        self._inventory_changed.set()
         self._stop = asyncio.Event()
-        self.tasks = TaskSet()
+        self.metrics.unhealthy_gpus.set(sum(1 for g in self.gpus if not g.healthy))
+
+    def current_gpus(self) -> list[GpuInfo]:
+        """The GPUs with their health as the plugin reports it now."""
+        return [replace(g, healthy=False) if g.uuid in self.unhealthy else g for g in self.gpus]
 
     def replicas(self) -> list[Replica]:
-        return replicas(self.gpus, self.config.replicas)
+        return replicas(self.current_gpus(), self.config.replicas)
 
     async def start(self) -> None:
         for coro, name in (
             (self.server.run(self._stop), "plugin-server"),
-            (self._register_inventory(), "inventory"),
+            (self._inventory_loop(), "inventory"),
             (self._health_loop(), "health"),
             (self._reconcile_loop(), "reconcile"),
         ):
-            self.tasks.spawn(coro, name)
+            self.tasks.spawn(coro, name, eternal=True)
         self.tasks.spawn(self._ready(), "ready")
 
     async def _ready(self) -> None:
@@ -78,68 +115,156 @@ class DevicePluginService:
     async def on_reconnect(self) -> None:
         """Accounting may have restarted while we were away: register the inventory again."""
         self.inventory_registered.clear()
-        self.tasks.spawn(self._register_inventory(), "inventory")
+        self._inventory_changed.set()
 
-    async def _register_inventory(self) -> None:
-        """Write the node's GPUs through accounting (HAMi's register annotation), retrying
-        until accounting answers: the plugin serves kubelet meanwhile."""
-        items = [
-            codec.register_item(d)
-            for d in register_devices(self.gpus, self.config.replicas, self.config.mig_mode)
-        ]
+    # --- inventory --------------------------------------------------------------------------
+
+    async def _inventory_loop(self) -> None:
+        """Write the node's GPUs through accounting (HAMi's register annotation) whenever they
+        change, retrying until accounting takes them: the plugin serves kubelet meanwhile.
+        One writer, and each attempt sends the current state, so the newest always wins."""
         backoff = 0.2
         while not self._stop.is_set():
-            try:
-                reply = await self.accounting.call("register", self.config.node, {"devices": items})
-            except AccountingUnavailable as exc:
-                log.info("inventory not registered yet", extra={"error": str(exc)})
-            else:
-                if reply.get("ok"):
+            await self._inventory_changed.wait()
+            self._inventory_changed.clear()
+            gpus = self.current_gpus()
+            items = [
+                codec.register_item(d)
+                for d in register_devices(gpus, self.config.replicas, self.config.mig_mode)
+            ]
+            if await self._register(items):
+                backoff = 0.2
+                if not self._inventory_changed.is_set():
                     self.inventory_registered.set()
-                    log.info("inventory registered", extra={"gpus": len(items)})
-                    return
-                log.warning("inventory refused", extra={"error": reply.get("error")})
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(backoff):
-                    await self._stop.wait()
+                log.info(
+                    "inventory registered",
+                    extra={
+                        "gpus": len(items),
+                        "unhealthy": [g.uuid for g in gpus if not g.healthy],
+                    },
+                )
+                continue
+            self._inventory_changed.set()
+            await _wait(self._stop, backoff)
             backoff = min(backoff * 2, 5.0)
 
+    async def _register(self, items: list[dict[str, object]]) -> bool:
+        try:
+            reply = await self.accounting.call("register", self.config.node, {"devices": items})
+        except AccountingUnavailable as exc:
+            log.info("inventory not registered yet", extra={"error": shown(str(exc), 200)})
+            return False
+        if reply.get("ok"):
+            return True
+        log.warning(
+            "inventory refused",
+            extra={
+                "code": shown(str(reply.get("code", ""))),
+                "error": shown(str(reply.get("error", "")), 200),
+            },
+        )
+        return False
+
+    # --- health -----------------------------------------------------------------------------
+
     async def _health_loop(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.health_interval):
-                    await self._stop.wait()
-            if self._stop.is_set():
-                return
-            try:
-                gpus = await asyncio.to_thread(self.backend.list_gpus)
-            except Exception as exc:
-                log.warning("health check failed", extra={"error": str(exc)})
-                continue
-            if [(g.uuid, g.healthy) for g in gpus] != [(g.uuid, g.healthy) for g in self.gpus]:
-                self.gpus = gpus
-                log.warning(
-                    "GPU health changed",
-                    extra={"unhealthy": [g.uuid for g in gpus if not g.healthy]},
-                )
-                await self.servicer.notify()
-                await self._register_inventory()
+        """Read the backend's health events, one short wait at a time in a worker thread."""
+        try:
+            watch = await _in_thread(self.backend.watch_health, cleanup=_close_watch)
+        except DiscoveryError as exc:
+            # As NVIDIA's plugin does: without health events the GPUs stay as discovered and
+            # the plugin keeps serving (a crash loop would take the node's GPUs away).
+            log.warning(
+                "GPU health events unavailable; health checks disabled",
+                extra={"error": str(exc)[:300]},
+            )
+            self.metrics.xid_events.labels("watch_unavailable").inc()
+            await self._stop.wait()
+            return
+        self.health_watched.set()
+        try:
+            while not self._stop.is_set():
+                event = await _in_thread(lambda: watch.wait(self.config.health_wait_ms))
+                if event is not None:
+                    await self._on_health_event(event)
+        finally:
+            await asyncio.to_thread(watch.close)
+
+    async def _on_health_event(self, event: HealthEvent) -> None:
+        fields = {"uuid": shown(event.uuid or "*"), "xid": event.xid, "reason": event.reason}
+        if not event.critical:
+            self.metrics.xid_events.labels("ignored").inc()
+            log.info("application XID: the GPU stays healthy", extra=fields)
+            return
+        known = [g.uuid for g in self.gpus]
+        if event.uuid is not None and event.uuid not in known:
+            self.metrics.xid_events.labels("unknown_gpu").inc()
+            log.warning("health event for a GPU this plugin does not serve", extra=fields)
+            return
+        already = {g.uuid for g in self.current_gpus() if not g.healthy}
+        targets = known if event.uuid is None else [event.uuid]
+        newly = [uuid for uuid in targets if uuid not in already]
+        if not newly:
+            self.metrics.xid_events.labels("already_unhealthy").inc()
+            log.info("health event for a GPU already unhealthy", extra=fields)
+            return
+        for uuid in newly:
+            self.unhealthy[uuid] = event.reason
+        self.metrics.xid_events.labels("marked_unhealthy").inc()
+        self.metrics.unhealthy_gpus.set(len(already) + len(newly))
+        log.error(
+            "GPU unhealthy: its replicas are withdrawn from kubelet and the scheduler",
+            extra={**fields, "gpus": newly},
+        )
+        await self.servicer.notify()
+        self.inventory_registered.clear()
+        self._inventory_changed.set()
+
+    # --- reconcile --------------------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
         """Keep the misaligned-containers gauge to pods accounting still tracks."""
         while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.reconcile_interval):
-                    await self._stop.wait()
+            await _wait(self._stop, self.reconcile_interval)
             if self._stop.is_set():
                 return
             try:
                 reply = await self.accounting.snapshot(self.config.node)
             except AccountingUnavailable:
                 continue
-            alive = {
-                p["pod"]["metadata"]["uid"]
-                for n in reply.get("nodes") or []
-                for p in n.get("pods") or []
-            }
+            if not reply.get("ok", True):
+                continue  # a refusal says nothing about which pods live
+            try:
+                alive = {
+                    str(p["pod"]["metadata"]["uid"])
+                    for n in reply.get("nodes") or []
+                    for p in n.get("pods") or []
+                }
+            except (KeyError, TypeError, AttributeError) as exc:
+                log.warning("unusable snapshot", extra={"error": shown(str(exc), 200)})
+                continue
             self.allocator.forget_pods(alive)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+
+
+def _close_watch(watch: HealthWatch) -> None:
+    watch.close()
+
+
+async def _in_thread(work: Callable[[], T], *, cleanup: Callable[[T], None] | None = None) -> T:
+    """`work()` in a worker thread. If the caller is cancelled meanwhile, the thread is still
+    waited for (it is bounded: NVML waits end at their timeout) before the cancellation goes
+    on, so what it uses can be released safely; `cleanup` gets a result nobody will use."""
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        if cleanup is not None and not job.cancelled() and job.exception() is None:
+            await asyncio.to_thread(cleanup, job.result())
+        raise

@@ -325,6 +325,33 @@ async def test_plugin_stream_ending_marks_devices_unhealthy(sock_dir: Path) -> N
             await kubelet.admit_container("pod-1", "main", gpu_count=1)
 
 
+async def test_unhealthy_replicas_are_never_offered_or_allocated(sock_dir: Path) -> None:
+    async with running_node(sock_dir, policy=TopologyPolicy.NONE) as (kubelet, plugin):
+        await plugin.publish(
+            [
+                api_pb2.Device(
+                    ID=d.ID,
+                    health="Unhealthy" if d.ID.startswith("GPU-c-") else "Healthy",
+                    topology=d.topology,
+                )
+                for d in plugin.devices
+            ]
+        )
+        async with asyncio.timeout(WAIT):
+            await kubelet.wait_until(
+                lambda: sum(not d.healthy for d in kubelet.devices(RESOURCE)) == REPLICAS
+            )
+
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=4)
+
+        offered = list(plugin.preferred_requests[0].available_deviceIDs)
+        assert offered == ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-1"]
+        assert not any(replica.startswith("GPU-c-") for replica in admission.device_ids)
+        with pytest.raises(UnexpectedAdmissionError, match="Requested: 1, Available: 0"):
+            await kubelet.admit_container("pod-2", "main", gpu_count=1)
+        assert not any(r.startswith("GPU-c-") for r in kubelet.allocations(RESOURCE))
+
+
 # ---------------------------------------------------------------------------- admission
 
 

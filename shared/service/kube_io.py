@@ -104,6 +104,14 @@ class Kube:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
+    async def list_resource_quotas_versioned(self) -> tuple[list[dict[str, Any]], str]:
+        """Every ResourceQuota and the list's resourceVersion (to watch from)."""
+        body = await _call(
+            lambda: self.core.list_resource_quota_for_all_namespaces(_preload_content=False),
+            "list resourcequotas",
+        )
+        return body.get("items") or [], body.get("metadata", {}).get("resourceVersion", "")
+
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         body: dict[str, Any] = await _call(
             lambda: self.core.read_namespaced_pod(name, namespace, _preload_content=False),
@@ -195,10 +203,16 @@ class Kube:
     async def watch(
         self, kind: str, resource_version: str, timeout_seconds: int = 300
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Raw watch events (type, object) from `resource_version`; raises Gone on 410."""
-        lister: Callable[..., Any] = (
-            self.core.list_pod_for_all_namespaces if kind == "pods" else self.core.list_node
-        )
+        """Raw watch events (type, object) from `resource_version`; raises Gone on 410.
+        `kind`: "pods", "nodes" or "resourcequotas" (all namespaces)."""
+        listers: dict[str, Callable[..., Any]] = {
+            "pods": self.core.list_pod_for_all_namespaces,
+            "nodes": self.core.list_node,
+            "resourcequotas": self.core.list_resource_quota_for_all_namespaces,
+        }
+        lister = listers.get(kind)
+        if lister is None:
+            raise ValueError(f"cannot watch {kind!r}")
         response = await lister(
             watch=True,
             resource_version=resource_version,

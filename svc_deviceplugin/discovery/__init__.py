@@ -6,18 +6,35 @@ nodes, :class:`SimulatedBackend` in tests and ``numafit simulate``.
 
 from svc_deviceplugin.discovery.errors import DiscoveryError, TopologyError
 from svc_deviceplugin.discovery.inventory import inventory_lines
-from svc_deviceplugin.discovery.model import NO_NUMA, GpuBackend, GpuInfo
-from svc_deviceplugin.discovery.nvml import NvmlApi, NvmlBackend, pci_sysfs_name
-from svc_deviceplugin.discovery.simulated import SimulatedBackend, parse_gpus, parse_topology
+from svc_deviceplugin.discovery.model import (
+    APPLICATION_XIDS,
+    NO_NUMA,
+    GpuBackend,
+    GpuInfo,
+    HealthEvent,
+    HealthWatch,
+)
+from svc_deviceplugin.discovery.nvml import NvmlApi, NvmlBackend, NvmlHealthWatch, pci_sysfs_name
+from svc_deviceplugin.discovery.simulated import (
+    SimulatedBackend,
+    SimulatedHealthWatch,
+    parse_gpus,
+    parse_topology,
+)
 
 __all__ = [
+    "APPLICATION_XIDS",
     "NO_NUMA",
     "DiscoveryError",
     "GpuBackend",
     "GpuInfo",
+    "HealthEvent",
+    "HealthWatch",
     "NvmlApi",
     "NvmlBackend",
+    "NvmlHealthWatch",
     "SimulatedBackend",
+    "SimulatedHealthWatch",
     "TopologyError",
     "inventory_lines",
     "parse_gpus",

@@ -6,33 +6,54 @@ each GPU is ``{uuid, model, memory (MiB), numa, index?, mig?, healthy?, cores?, 
 Validation is strict (unknown keys, wrong types and duplicates are refused)
 because a typo in a simulated topology would otherwise silently change what a
 scenario proves. Errors name the file, the item and the key.
+
+Health events are injected, the way NVML would report an XID:
+
+- in process, :meth:`SimulatedBackend.inject_xid` (``backend.inject_xid("GPU-a", 79)``);
+- from outside a running plugin, an *XID file* (``--xid-file PATH``, env
+  ``NUMAFIT_XID_FILE``): every complete line appended to it is one event,
+  ``<uuid> <xid>`` (``*`` for the uuid: an event NVML could not attribute, so every GPU);
+  blank lines and ``#`` comments are skipped, a malformed line is logged and skipped. The
+  file need not exist when the plugin starts; lines present when it starts count too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import queue
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
 
+from shared.subjects import shown
 from svc_deviceplugin.discovery.errors import TopologyError
-from svc_deviceplugin.discovery.model import NO_NUMA, GpuInfo
+from svc_deviceplugin.discovery.model import NO_NUMA, GpuInfo, HealthEvent
 
-__all__ = ["SimulatedBackend", "parse_gpus", "parse_topology"]
+__all__ = ["SimulatedBackend", "SimulatedHealthWatch", "parse_gpus", "parse_topology"]
+
+logger = logging.getLogger(__name__)
 
 _REQUIRED = ("uuid", "model", "memory", "numa")
 _OPTIONAL = ("index", "mig", "healthy", "cores", "count")
+_FILE_POLL_S = 0.05
+"""How often the XID file is looked at while a wait runs."""
+EVERY_GPU = "*"
+"""The uuid of an XID-file line that concerns every GPU."""
 
 
 class SimulatedBackend:
-    """A fixed set of GPUs; nothing to open or close."""
+    """A fixed set of GPUs, with XID events injected in process or through an XID file."""
 
-    def __init__(self, gpus: Iterable[GpuInfo]) -> None:
+    def __init__(self, gpus: Iterable[GpuInfo], *, xid_file: Path | str | None = None) -> None:
         self._gpus = sorted(gpus, key=lambda gpu: gpu.index)
+        self._events: queue.SimpleQueue[HealthEvent] = queue.SimpleQueue()
+        self.xid_file = Path(xid_file) if xid_file is not None else None
 
     @classmethod
-    def from_file(cls, path: Path | str) -> SimulatedBackend:
+    def from_file(cls, path: Path | str, *, xid_file: Path | str | None = None) -> SimulatedBackend:
         """Load a ``.json`` file as JSON and anything else as YAML."""
         path = Path(path)
         try:
@@ -40,7 +61,9 @@ class SimulatedBackend:
         except OSError as exc:
             raise TopologyError(f"{path}: cannot read topology: {exc.strerror or exc}") from exc
         fmt = "json" if path.suffix.lower() == ".json" else "yaml"
-        return cls.from_text(text, fmt=fmt, source=str(path))
+        return cls(
+            parse_topology(_decode(text, fmt, str(path)), source=str(path)), xid_file=xid_file
+        )
 
     @classmethod
     def from_text(
@@ -52,8 +75,82 @@ class SimulatedBackend:
     def list_gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
 
+    def inject_xid(self, uuid: str | None, xid: int) -> None:
+        """Report XID ``xid`` on GPU ``uuid`` (None: on a GPU that cannot be named, so every
+        GPU), as NVML's event set would. Thread-safe."""
+        if uuid is not None and uuid not in {gpu.uuid for gpu in self._gpus}:
+            raise ValueError(f"no simulated GPU {uuid!r}")
+        if xid < 0:
+            raise ValueError("an XID is a non-negative integer")
+        self._events.put(HealthEvent(uuid, xid, f"XID {xid} (injected)"))
+
+    def watch_health(self) -> SimulatedHealthWatch:
+        return SimulatedHealthWatch(self._events, self.xid_file)
+
     def close(self) -> None:
         return None
+
+
+class SimulatedHealthWatch:
+    """Injected events, in order: those of :meth:`SimulatedBackend.inject_xid` and the XID
+    file's lines."""
+
+    def __init__(self, events: queue.SimpleQueue[HealthEvent], xid_file: Path | None) -> None:
+        self._events = events
+        self._file = xid_file
+        self._offset = 0
+
+    def wait(self, timeout_ms: int) -> HealthEvent | None:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._read_file()
+            left = deadline - time.monotonic()
+            step = left if self._file is None else min(left, _FILE_POLL_S)
+            try:
+                return self._events.get(timeout=max(step, 0.0))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+
+    def close(self) -> None:
+        return None
+
+    def _read_file(self) -> None:
+        if self._file is None:
+            return
+        try:
+            with self._file.open("rb") as handle:
+                handle.seek(0, 2)
+                if handle.tell() < self._offset:
+                    self._offset = 0  # truncated: start over
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.warning(
+                "XID file unreadable", extra={"path": str(self._file), "error": str(exc)}
+            )
+            return
+        complete = data.rfind(b"\n") + 1
+        self._offset += complete
+        for raw in data[:complete].decode("utf-8", "replace").splitlines():
+            event = _parse_xid_line(raw)
+            if event is not None:
+                self._events.put(event)
+
+
+def _parse_xid_line(raw: str) -> HealthEvent | None:
+    line = raw.strip()
+    if not line or line.startswith("#"):
+        return None
+    parts = line.split()
+    if len(parts) == 2 and parts[1].isdigit():
+        uuid = None if parts[0] == EVERY_GPU else parts[0]
+        xid = int(parts[1])
+        return HealthEvent(uuid, xid, f"XID {xid} (from the XID file)")
+    logger.warning("XID file line skipped: expected '<uuid> <xid>'", extra={"line": shown(line)})
+    return None
 
 
 def parse_topology(document: object, *, source: str = "topology") -> list[GpuInfo]:

@@ -69,3 +69,29 @@ def test_node_is_required(tmp_path: Path) -> None:
         env=env,
     )
     assert result.returncode == 2 and "--node (or NODE_NAME) is required" in result.stderr
+
+
+@pytest.mark.parametrize("node", ["Node_1", "node 1", "n" * 300])
+def test_a_bad_node_name_is_refused_at_start(tmp_path: Path, node: str) -> None:
+    topology = tmp_path / "gpus.yaml"
+    topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 0}\n")
+    result = run(
+        "--topology",
+        str(topology),
+        "--node",
+        node,
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--nats-connect-timeout",
+        "1",
+        "--metrics-port",
+        "0",
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--node (or NODE_NAME)" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and len(result.stderr) < 300  # bounded, one line
+
+
+def test_an_xid_file_needs_simulated_gpus(tmp_path: Path) -> None:
+    result = run("--node", "node-1", "--xid-file", str(tmp_path / "xids"))
+    assert result.returncode == 2 and "--xid-file needs --topology" in result.stderr

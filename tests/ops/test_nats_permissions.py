@@ -21,6 +21,10 @@ PASSWORDS = {
 }
 
 
+NODE_OPS = ("pending", "consume", "bind-phase", "register", "snapshot")
+"""The accounting operations svc_deviceplugin calls (allocator.py and service.py)."""
+
+
 def url(base: str, user: str) -> str:
     password = PASSWORDS[f"NUMAFIT_{user.upper().replace('-', '_')}_PASSWORD"]
     return base.replace("nats://", f"nats://{user}:{password}@")
@@ -39,7 +43,8 @@ async def test_a_node_reaches_only_its_own_subjects() -> None:
         async def answer(msg: Any) -> None:
             await msg.respond(b'{"ok": true}')
 
-        await accounting.subscribe(subjects.accounting_wildcard("pending"), queue="q", cb=answer)
+        for op in subjects.ACCOUNTING_OPS:
+            await accounting.subscribe(subjects.accounting_wildcard(op), queue="q", cb=answer)
         await refit.subscribe(subjects.REFIT_WILDCARD, queue=subjects.REFIT_QUEUE, cb=answer)
         await accounting.flush()
         await refit.flush()
@@ -48,6 +53,18 @@ async def test_a_node_reaches_only_its_own_subjects() -> None:
         reply = await node1.request(subjects.accounting("pending", "node-1"), b"{}", timeout=2)
         assert reply.data == b'{"ok": true}'
         assert (await node1.request(subjects.refit("node-1"), b"{}", timeout=2)).data
+
+        # Every operation a device plugin uses, for its own node: answered.
+        for op in NODE_OPS:
+            reply = await node1.request(subjects.accounting(op, "node-1"), b"{}", timeout=2)
+            assert reply.data == b'{"ok": true}', op
+        # The commits of the scheduler and the refit service, even for its own node: dropped.
+        for op in sorted(set(subjects.ACCOUNTING_OPS) - set(NODE_OPS)):
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+                await node1.request(subjects.accounting(op, "node-1"), b"{}", timeout=0.3)
+        # ... which the refit service may still send (move), as its credentials allow.
+        moved = await refit.request(subjects.accounting("move", "node-1"), b"{}", timeout=2)
+        assert moved.data == b'{"ok": true}'
 
         # Another node's subjects: the server drops the publish, nothing answers.
         for subject in (subjects.accounting("pending", "node-2"), subjects.refit("node-2")):

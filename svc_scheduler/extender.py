@@ -76,7 +76,9 @@ the annotations its own filter wrote)."""
 
 # Filter results (metric label values).
 FIT, NO_FIT, NOT_GPU, ERROR = "fit", "no_fit", "not_gpu", "error"
-RETRY_CODES = frozenset({"conflict", "quota_exceeded", "node_unavailable"})
+RETRY_CODES = frozenset({"conflict", "quota_exceeded", "node_unavailable", "no_fit"})
+"""Refusals that mean the read model was behind accounting's ledger: recompute on fresh state
+(`no_fit`: accounting's own fit re-check found the space taken by a concurrent commit)."""
 
 
 class FilterError(Exception):

@@ -1,11 +1,26 @@
-"""svc_refit's Prometheus metrics (names fixed by DESIGN.md)."""
+"""svc_refit's Prometheus metrics (names fixed by DESIGN.md).
+
+Every labelled counter is created at zero for each label value it can take, so that alert
+ratios (refusals over requests, say) evaluate to 0 rather than to nothing before the first one.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.core.refit import Code
 
 # Resolve 1 ms .. 2 s (the refit budget) with boundaries at the thresholds alerts use.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0)
+
+MODES = ("best-effort", "strict", "unknown")
+"""`mode` label values: the request's mode, `unknown` when the request did not parse."""
+CODES = tuple(code.value for code in Code)
+COMMIT_RESULTS = ("ok", "unavailable", "other", *(c for c in CODES if c not in ("moved",)))
+"""`result` of a move sent to accounting: `ok`, a refusal code, `unavailable` (no answer),
+`other` (a code outside DESIGN.md's list)."""
+EVENT_RESULTS = ("recorded", "failed", "dropped")
+UNCERTAIN_OUTCOMES = ("landed", "not_landed", "unknown")
 
 
 class RefitMetrics:
@@ -29,3 +44,39 @@ class RefitMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.snapshots = Counter(
+            "numafit_refit_snapshots",
+            "Node snapshots the read model fetched from accounting (shared by concurrent refits).",
+            registry=self.registry,
+        )
+        self.uncertain = Counter(
+            "numafit_refit_uncertain_commits",
+            "Moves whose answer was lost or inconclusive, by what the check afterwards found "
+            "(landed: answered moved; not_landed; unknown: no budget left to check).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "numafit_refit_events",
+            "Kubernetes Events for refit outcomes, by result (recorded, failed, dropped: too "
+            "many still being recorded).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "numafit_refit_read_model_nodes",
+            "Nodes svc_refit's read model currently holds.",
+            registry=self.registry,
+        )
+        for code in CODES:
+            for mode in MODES:
+                self.requests.labels(code, mode)
+        for result in COMMIT_RESULTS:
+            self.commit_attempts.labels(result)
+        for result in EVENT_RESULTS:
+            self.events.labels(result)
+        for outcome in UNCERTAIN_OUTCOMES:
+            self.uncertain.labels(outcome)
+
+    def commit(self, result: str) -> None:
+        self.commit_attempts.labels(result if result in COMMIT_RESULTS else "other").inc()

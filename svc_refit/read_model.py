@@ -1,14 +1,39 @@
-"""svc_refit's read model: the latest state of each node accounting published.
+"""svc_refit's read model: per node, the devices, the usage accounting counts and the tracked
+pods, kept current by accounting's usage updates so that a refit decides without asking.
 
-Accounting publishes `(epoch, revision)` of a node after every change; the refit keeps the last
-snapshot it fetched per node and fetches again only when a newer revision (or a new epoch, i.e.
-an accounting restart) was announced. A decision made on a stale view is harmless: the move it
-leads to names the revision and accounting refuses it with `conflict`.
+What it holds, per node some refit asked about (never for nodes nobody asked about):
+
+- the inventory (register devices, cordons) and the tracked pods, from the last snapshot;
+- the per-device usage table at the node's latest revision, from `numafit.usage.v1.<node>`
+  (every commit publishes the node's full table, so the view follows without fetching).
+
+A snapshot is taken instead when the updates cannot be trusted to describe the node completely:
+a revision gap or a bump with unchanged usage (a cordon, a register change, a pod's bind phase:
+things the table does not show), another device set, another epoch (accounting restarted), a
+NATS reconnect, or a `conflict` from accounting. Concurrent refits share one snapshot per node
+(single flight), so a burst costs one fetch, not one per refit.
+
+Moves in flight are *claims*: the capacity a sent move takes is counted for every other refit
+on the node until its outcome is known, so a burst for three free slots sends three moves, not
+two hundred. A refit refused only because of claims waits for them to settle (within its
+deadline) and decides again: capacity a failed move gave back is never refused.
+
+A decision made on a view that turned stale is harmless: accounting re-checks every move
+against its own ledger and refuses an over-commit with `no_fit`.
+
+Everything keyed by request input is bounded: nodes (least recently used first out),
+namespaces' quota, fetches in flight (by the service's in-flight limit).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import itertools
 import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,95 +42,516 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared import subjects
-from shared.accounting_client import AccountingClient
-from shared.core.accounting import TrackedPod
+from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.core.accounting import TrackedPod, track_pod
+from shared.core.errors import CoreError
+from shared.core.model import DeviceUsage, NodeSnapshot, Usage
+from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
 from shared.ledger_wire import NodeState, node_state_from_wire, quota_from_wire, tracked_from_wire
+from shared.service.lifecycle import Deadline
 from shared.wire import Reader, WireError, loads_object
 
 log = logging.getLogger("numafit.refit")
 
+MAX_NODES = 4096
+"""Nodes kept; beyond it the least recently used is dropped (and fetched again if needed)."""
+MAX_NAMESPACES = 1024
+"""Namespaces whose quota is kept."""
+QUOTA_TTL = 5.0
+"""Seconds a namespace's quota is used without asking again (accounting re-checks every move
+against the current quota, and a refusal by quota is only given on a quota read for it)."""
+LANDED_GRACE = 0.25
+"""Seconds a landed commit's usage update is waited for before the node is fetched instead."""
+
+
+class SnapshotRefused(Exception):
+    """Accounting answered a snapshot with a refusal (`code`: a DESIGN.md code)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """What one refit decides on."""
+    """What one refit decides on. `usage` is the node's usage table at `revision` (without
+    claims); None when the node has no GPU inventory."""
 
     epoch: str
-    node: NodeState
+    revision: int
+    usage: NodeSnapshot | None
     pod: TrackedPod | None
     quota: QuotaLedger | None
+    quota_at: float
+    """When `quota` was read (monotonic clock)."""
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    epoch: str
+    revision: int
+    usage: NodeSnapshot
+    pods: dict[str, TrackedPod]
+    stale: bool = False
+    marks: int = 0
+    """Counts `stale` markings, so a snapshot in flight during one does not clear it."""
+    expected: int = 0
+    expected_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Claim:
+    pod_uid: str
+    usage: Mapping[str, Usage]
+    """What the move adds on each device (slots already counted per pod, as d.2 does)."""
+
+
+@dataclass(slots=True)
+class _Fetch:
+    task: asyncio.Task[Mapping[str, Any]]
+
+
+_ASKED = "_asked"
+"""Key added to a stored snapshot reply: the podUID it was asked with."""
 
 
 class ReadModel:
-    def __init__(self, nc: Client, accounting: AccountingClient) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        accounting: AccountingClient,
+        *,
+        max_nodes: int = MAX_NODES,
+        on_fetch: Callable[[], None] | None = None,
+    ) -> None:
         self.nc = nc
         self.accounting = accounting
-        self._views: dict[str, tuple[str, NodeState, dict[str, QuotaLedger]]] = {}
-        self._announced: dict[str, tuple[str, int]] = {}
+        self.max_nodes = max_nodes
+        self.on_fetch = on_fetch
+        self._nodes: dict[str, _Node] = {}
+        self._tokens: dict[str, str] = {}
+        self._quota: dict[str, tuple[QuotaLedger, float]] = {}
+        self._fetches: dict[tuple[str, str], _Fetch] = {}
+        self._claims: dict[str, dict[int, Claim]] = {}
+        self._claim_ids = itertools.count()
+        self._pulses: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, int] = {}
         self._subscription: Subscription | None = None
         self.fetches = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._subscription = await self.nc.subscribe(subjects.USAGE_WILDCARD, cb=self._on_usage)
 
     async def stop(self) -> None:
+        for fetch in list(self._fetches.values()):
+            fetch.task.cancel()
+        await asyncio.gather(*(f.task for f in self._fetches.values()), return_exceptions=True)
         if self._subscription is not None:
-            await self._subscription.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self._subscription.unsubscribe()
             self._subscription = None
 
+    def mark_all_stale(self) -> None:
+        """Updates may have been missed (a reconnect): fetch every node before trusting it."""
+        for name in list(self._nodes):
+            self.mark_stale(name)
+        self._quota.clear()
+
+    # --- what the model holds ---------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        return list(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def revision(self, node: str) -> int | None:
+        entry = self._nodes.get(node)
+        return None if entry is None else entry.revision
+
+    def mark_stale(self, node: str) -> None:
+        entry = self._nodes.get(node)
+        if entry is not None:
+            entry.stale = True
+            entry.marks += 1
+        self._pulse(node)
+
+    def expect(self, node: str, revision: int) -> None:
+        """A commit on `node` answered with `revision`: older usage is stale."""
+        entry = self._nodes.get(node)
+        if entry is not None and revision > entry.revision:
+            entry.expected = max(entry.expected, revision)
+            entry.expected_at = time.monotonic()
+
+    def replace_pod(self, node: str, tracked: TrackedPod) -> None:
+        """The pod's entry after our own commit (what accounting wrote)."""
+        entry = self._nodes.get(node)
+        if entry is not None and tracked.node == node:
+            entry.pods[tracked.uid] = tracked
+
+    def forget_pod(self, node: str, uid: str) -> None:
+        entry = self._nodes.get(node)
+        if entry is not None:
+            entry.pods.pop(uid, None)
+
+    def forget_quota(self, namespace: str) -> None:
+        self._quota.pop(namespace, None)
+
+    # --- usage updates ----------------------------------------------------------------------
+
     async def _on_usage(self, msg: Msg) -> None:
+        # Updates of nodes nobody asked about are dropped before they are even parsed.
+        node = self._tokens.get(subjects.last_token(msg.subject))
+        if node is None:
+            return
         try:
-            reader = Reader(loads_object(msg.data, "usage update"), "usage update")
-            self._announced[reader.text("node")] = (
+            body = loads_object(msg.data, "usage update")
+            reader = Reader(body, "usage update")
+            if body.get("deleted") is True:
+                self.drop(node)
+                return
+            self.apply_update(
                 reader.text("epoch"),
-                reader.integer("revision"),
+                node,
+                reader.integer("revision", minimum=0),
+                body.get("devices"),
             )
         except WireError as exc:
-            log.warning("usage update ignored", extra={"error": str(exc)})
+            log.warning("usage update ignored", extra={"error": subjects.shown(str(exc), 200)})
 
-    def invalidate(self, node: str) -> None:
-        self._views.pop(node, None)
+    def drop(self, node: str) -> None:
+        """The node is gone (deleted, or evicted): forget it."""
+        if self._nodes.pop(node, None) is not None:
+            self._tokens.pop(node.replace(".", "_"), None)
+        self._pulse(node)
 
-    def _fresh(self, node: str, namespace: str) -> tuple[str, NodeState, QuotaLedger] | None:
-        cached = self._views.get(node)
-        if cached is None:
-            return None
-        epoch, state, quotas = cached
-        announced = self._announced.get(node)
-        if announced is not None and announced != (epoch, state.revision):
-            return None
-        quota = quotas.get(namespace)
-        if quota is None:
-            return None
-        return epoch, state, quota
+    def apply_update(self, epoch: str, node: str, revision: int, devices: Any) -> None:
+        entry = self._nodes.get(node)
+        if entry is None:
+            return
+        if epoch != entry.epoch:
+            self.mark_stale(node)  # accounting restarted: its revisions start over
+            return
+        if revision <= entry.revision:
+            return  # already seen (a snapshot overtook it)
+        updated = _with_usage(entry.usage, devices)
+        if updated is None:
+            self.mark_stale(node)  # another device set, or a table that does not parse
+            return
+        unchanged = updated.usage_table() == entry.usage.usage_table()
+        gap = revision > entry.revision + 1
+        entry.usage, entry.revision = updated, revision
+        if unchanged or gap:
+            # Something the table does not show changed (or may have, in the gap).
+            entry.stale = True
+            entry.marks += 1
+        self._pulse(node)
 
-    async def view(self, node: str, pod_uid: str, namespace: str, budget: float) -> View:
-        """The node's state with the target pod and its namespace's quota."""
-        fresh = self._fresh(node, namespace)
-        if fresh is not None:
-            epoch, state, quota = fresh
-            pod = next((p for p in state.pods if p.uid == pod_uid), None)
-            if pod is not None:
-                return View(epoch, state, pod, quota)
-        # Not cached, stale, or the pod lives elsewhere (or nowhere): ask accounting.
+    # --- claims: moves in flight ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def claim(self, node: str, pod_uid: str, usage: Mapping[str, Usage]) -> Iterator[None]:
+        """Count `usage` for every other refit on `node` while the move is in flight."""
+        claims = self._claims.setdefault(node, {})
+        key = next(self._claim_ids)
+        claims[key] = Claim(pod_uid, usage)
+        try:
+            yield
+        finally:
+            claims.pop(key, None)
+            if not claims:
+                self._claims.pop(node, None)
+            self._pulse(node)
+
+    def claims(self, node: str, excluding: str) -> list[Claim]:
+        return [c for c in self._claims.get(node, {}).values() if c.pod_uid != excluding]
+
+    def _pulse(self, node: str) -> None:
+        event = self._pulses.pop(node, None)
+        if event is not None:
+            event.set()
+
+    async def wait_change(self, node: str, within: float) -> bool:
+        """Wait until something about `node` changes (an update, a claim settles); False when
+        `within` seconds passed first."""
+        if within <= 0:
+            return False
+        event = self._pulses.get(node)
+        if event is None:
+            event = self._pulses[node] = asyncio.Event()
+        self._waiting[node] = self._waiting.get(node, 0) + 1
+        try:
+            async with asyncio.timeout(within):
+                await event.wait()
+        except TimeoutError:
+            return False
+        finally:
+            left = self._waiting[node] - 1
+            if left:
+                self._waiting[node] = left
+            else:
+                del self._waiting[node]
+                if self._pulses.get(node) is event:
+                    del self._pulses[node]  # nobody waits on it any more
+        return True
+
+    # --- views ------------------------------------------------------------------------------
+
+    async def view(
+        self, node: str, pod_uid: str, namespace: str, deadline: Deadline, reserve: float
+    ) -> View:
+        """The node's usage, the target pod's tracked entry and its namespace's quota, fetched
+        only when the model cannot tell them. Bounded by `deadline` less `reserve`."""
+        entry = self._nodes.get(node)
+        while entry is not None and entry.revision < entry.expected and not entry.stale:
+            # Our own commit landed and its update is on the way: wait a moment for it.
+            left = entry.expected_at + LANDED_GRACE - time.monotonic()
+            wait = min(left, deadline.remaining() - reserve)
+            if not (wait > 0 and await self.wait_change(node, wait)):
+                self.mark_stale(node)
+            entry = self._nodes.get(node)
+        quota = self._fresh_quota(namespace)
+        if entry is not None and not entry.stale:
+            self._touch(node, entry)
+            pod = entry.pods.get(pod_uid)
+            if pod is not None and quota is not None:
+                return View(entry.epoch, entry.revision, entry.usage, pod, quota[0], quota[1])
+        # Unknown, stale, or the pod is not among the node's: one snapshot shared by every
+        # refit of the node waiting for it.
+        reply = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=True)
+        entry = self._nodes.get(node)
+        pod = entry.pods.get(pod_uid) if entry is not None else None
+        if pod is None and reply.get(_ASKED) == pod_uid:
+            pod = _pod_of(reply)  # tracked on another node, or not at all
+        elif pod is None or namespace not in self._quota:
+            # The shared snapshot was someone else's question: ask ours.
+            reply = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=False)
+            entry = self._nodes.get(node)
+            pod = entry.pods.get(pod_uid) if entry is not None else None
+            pod = pod or _pod_of(reply)
+        quota = self._quota.get(namespace) or (QuotaLedger(), time.monotonic())
+        if entry is not None:
+            return View(entry.epoch, entry.revision, entry.usage, pod, quota[0], quota[1])
+        # Not kept (accounting holds no inventory for it): decide on what the snapshot said.
+        state = _state_of(reply, node)
+        usage = None if state is None else state.snapshot()
+        revision = 0 if state is None else state.revision
+        return View(str(reply.get("epoch", "")), revision, usage, pod, quota[0], quota[1])
+
+    async def refresh_quota(
+        self, node: str, namespace: str, deadline: Deadline, reserve: float
+    ) -> QuotaLedger | None:
+        """The namespace's quota as accounting counts it now."""
+        self._quota.pop(namespace, None)
+        await self._fetch(node, "", namespace, deadline, reserve, shared=False)
+        cached = self._quota.get(namespace)
+        return None if cached is None else cached[0]
+
+    async def pod_entry(
+        self, node: str, pod_uid: str, deadline: Deadline, reserve: float
+    ) -> TrackedPod | None:
+        """The pod's entry as accounting holds it now (one snapshot of its own)."""
+        return _pod_of(await self._fetch(node, pod_uid, "", deadline, reserve, shared=False))
+
+    def _fresh_quota(self, namespace: str) -> tuple[QuotaLedger, float] | None:
+        cached = self._quota.get(namespace)
+        if cached is None or time.monotonic() - cached[1] > QUOTA_TTL:
+            return None
+        return cached
+
+    async def _fetch(
+        self,
+        node: str,
+        pod_uid: str,
+        namespace: str,
+        deadline: Deadline,
+        reserve: float,
+        *,
+        shared: bool,
+    ) -> Mapping[str, Any]:
+        """One snapshot of `node`; `shared`: concurrent callers for the node wait on one."""
+        key = (node, "" if shared else f"{pod_uid}\0{namespace}")
+        fetch = self._fetches.get(key)
+        if fetch is None or fetch.task.done():
+            entry = self._nodes.get(node)
+            marks = entry.marks if entry is not None else 0
+            budget = deadline.remaining() - reserve
+            task = asyncio.create_task(
+                self._snapshot(node, pod_uid, namespace, budget, marks), name=f"snapshot-{node}"
+            )
+            fetch = self._fetches[key] = _Fetch(task)
+            task.add_done_callback(functools.partial(self._fetch_done, key, fetch))
+        # Followers wait at most their own budget on someone else's fetch.
+        try:
+            async with asyncio.timeout(max(deadline.remaining() - reserve, 0.0)):
+                return await asyncio.shield(fetch.task)
+        except TimeoutError as exc:
+            raise AccountingUnavailable(f"no snapshot of {node} within the budget") from exc
+
+    def _fetch_done(self, key: tuple[str, str], fetch: _Fetch, _: object) -> None:
+        if self._fetches.get(key) is fetch:
+            del self._fetches[key]
+        if not fetch.task.cancelled():
+            fetch.task.exception()  # retrieved: followers that gave up must not leave it unseen
+
+    async def _snapshot(
+        self, node: str, pod_uid: str, namespace: str, budget: float, marks: int
+    ) -> Mapping[str, Any]:
+        if budget <= 0:
+            raise AccountingUnavailable("no budget left for a snapshot")
         self.fetches += 1
+        if self.on_fetch is not None:
+            self.on_fetch()
         reply = await self.accounting.snapshot(
-            node, pod_uid=pod_uid, namespace=namespace, budget=budget
+            node, pod_uid=pod_uid or None, namespace=namespace or None, budget=budget
         )
-        return self._store(node, namespace, reply)
+        if not reply.get("ok", True):
+            code = reply.get("code")
+            raise SnapshotRefused(
+                code if isinstance(code, str) else "api_error",
+                subjects.shown(str(reply.get("error", "snapshot refused")), 200),
+            )
+        try:
+            self._store(node, reply, marks)
+            if namespace and isinstance(reply.get("quota"), dict):
+                self._keep_quota(namespace, quota_from_wire(reply["quota"]))
+        except CoreError as exc:
+            raise WireError(f"snapshot reply: {exc}") from exc
+        result = dict(reply)
+        result[_ASKED] = pod_uid
+        return result
 
-    def _store(self, node: str, namespace: str, reply: dict[str, Any]) -> View:
-        reader = Reader(reply, "snapshot reply")
-        epoch = reader.text("epoch")
-        states = [node_state_from_wire(n) for n in reader.objects("nodes")]
-        state = states[0] if states else NodeState(node, 0, None, frozenset(), ())
-        quota = quota_from_wire(reply["quota"]) if reply.get("quota") else QuotaLedger()
-        raw_pod = reply.get("pod")
-        pod = tracked_from_wire(raw_pod) if isinstance(raw_pod, dict) else None
-        cached = self._views.get(node)
-        quotas = (
-            dict(cached[2]) if cached is not None and cached[1].revision == state.revision else {}
+    def _store(self, node: str, reply: Mapping[str, Any], marks: int) -> None:
+        epoch = Reader(reply, "snapshot reply").text("epoch")
+        state = _state_of(reply, node)
+        if state is None or state.devices is None:
+            # Accounting knows no inventory for it: nothing worth keeping.
+            self.drop(node)
+            return
+        snapshot = state.snapshot()
+        assert snapshot is not None
+        pods = {p.uid: p for p in state.pods}
+        entry = self._nodes.get(node)
+        if entry is not None and entry.epoch == epoch and state.revision < entry.revision:
+            # Updates newer than this snapshot arrived while it travelled: keep their usage.
+            entry.pods = pods
+        elif entry is not None:
+            if entry.epoch != epoch:
+                entry.expected = 0  # revisions of accounting's previous run mean nothing
+            entry.epoch, entry.revision, entry.usage, entry.pods = (
+                epoch,
+                state.revision,
+                snapshot,
+                pods,
+            )
+        else:
+            entry = _Node(node, epoch, state.revision, snapshot, pods)
+            self._nodes[node] = entry
+            self._tokens[node.replace(".", "_")] = node
+            self._evict()
+        if entry.marks == marks:
+            entry.stale = False
+        if entry.expected and entry.revision >= entry.expected:
+            entry.expected = 0
+        self._pulse(node)
+
+    def _keep_quota(self, namespace: str, quota: QuotaLedger) -> None:
+        self._quota.pop(namespace, None)
+        self._quota[namespace] = (quota, time.monotonic())
+        while len(self._quota) > MAX_NAMESPACES:
+            del self._quota[next(iter(self._quota))]
+
+    def _touch(self, node: str, entry: _Node) -> None:
+        # Least recently used order: move to the end (dicts keep insertion order).
+        if next(reversed(self._nodes)) != node:
+            del self._nodes[node]
+            self._nodes[node] = entry
+
+    def _evict(self) -> None:
+        while len(self._nodes) > self.max_nodes:
+            oldest = next(iter(self._nodes))
+            self.drop(oldest)
+
+
+def _state_of(reply: Mapping[str, Any], node: str) -> NodeState | None:
+    states = [node_state_from_wire(n) for n in Reader(reply, "snapshot reply").objects("nodes")]
+    return next((s for s in states if s.name == node), None)
+
+
+def _pod_of(reply: Mapping[str, Any]) -> TrackedPod | None:
+    raw = reply.get("pod")
+    return tracked_from_wire(raw) if isinstance(raw, dict) else None
+
+
+def with_claims(usage: NodeSnapshot, claims: list[Claim]) -> NodeSnapshot:
+    """A copy of `usage` with every claim counted."""
+    result = usage.copy()
+    devices = result.by_uuid()
+    for claim in claims:
+        for uuid, u in claim.usage.items():
+            device = devices.get(uuid)
+            if device is not None:
+                device.add(u)
+    return result
+
+
+def added_usage(old: Mapping[str, Usage], new: Mapping[str, Usage]) -> dict[str, Usage]:
+    """What replacing a pod's stored usage `old` by `new` adds on each device, counted the way
+    a node snapshot counts a pod (`max(slots, 1)` per device it uses)."""
+    added: dict[str, Usage] = {}
+    for uuid, after in new.items():
+        before = old.get(uuid)
+        slots_before = max(before.slots, 1) if before is not None else 0
+        extra = Usage(
+            max(after.mem - (before.mem if before else 0), 0),
+            max(after.cores - (before.cores if before else 0), 0),
+            max(max(after.slots, 1) - slots_before, 0),
         )
-        quotas[namespace] = quota
-        self._views[node] = (epoch, state, quotas)
-        return View(epoch, state, pod, quota)
+        if not extra.is_zero:
+            added[uuid] = extra
+    return added
+
+
+def committed(
+    tracked: TrackedPod, annotations: Mapping[str, str], resource_version: str
+) -> TrackedPod | None:
+    """The pod's entry once accounting wrote `annotations` at `resource_version`."""
+    pod = tracked.pod
+    merged = dict(pod.annotations)
+    merged.update(annotations)
+    updated = PodInfo(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        resource_version=resource_version,
+        node_name=pod.node_name,
+        phase=pod.phase,
+        annotations=merged,
+        containers=pod.containers,
+        init_exit_codes=pod.init_exit_codes,
+        deleting=pod.deleting,
+    )
+    return track_pod(updated, released=tracked.released)
+
+
+def _with_usage(snapshot: NodeSnapshot, devices: Any) -> NodeSnapshot | None:
+    """`snapshot` with a published usage table, or None when it cannot be applied as is."""
+    if not isinstance(devices, dict) or set(devices) != {d.info.id for d in snapshot.devices}:
+        return None
+    updated: list[DeviceUsage] = []
+    for device in snapshot.devices:
+        usage = devices[device.info.id]
+        if not isinstance(usage, dict):
+            return None
+        values: list[int] = []
+        for key in ("used", "usedmem", "usedcores"):
+            value = usage.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return None
+            values.append(value)
+        updated.append(DeviceUsage(device.info, *values))
+    return NodeSnapshot(snapshot.name, updated, snapshot.cordoned)

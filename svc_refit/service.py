@@ -1,9 +1,16 @@
 """svc_refit: answers `numafit.refit.v1.<node>` (queue group `numafit-refit`).
 
-Per request: validate (HAMi's order, via the core), decide on the read model, commit through
-accounting's `move` at the revision the decision was computed on, recompute on `conflict` while
-`timeoutMs` allows, reply, and record an Event on the pod. Nothing is committed after the
-deadline: accounting receives the remaining budget and refuses to write with too little left.
+Per request: screen the input (nothing from a request becomes a subject, a log line or a reply
+text unchecked or unbounded), validate (HAMi's order, via the core), decide on the read model,
+commit through accounting's `move` naming the node revision and the pod's resourceVersion the
+decision saw, recompute on `conflict` while `timeoutMs` allows, reply, and record an Event.
+
+One deadline per request, from `timeoutMs`, bounds every hop: the snapshot (shared with the
+other refits of the node), the wait for moves in flight, the move, and the check of an
+unanswered move. Accounting is given less time than the refit waits for its answer, so that a
+commit's success reply gets home; when the answer is lost anyway, one snapshot tells whether
+the move landed, and the reply says `moved` if it did. Nothing is committed after the deadline:
+accounting refuses to write with too little left.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.micro
@@ -20,9 +29,11 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from shared import subjects
-from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
+from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core import codec, keys
+from shared.core.accounting import TrackedPod
 from shared.core.config import CoreConfig
+from shared.core.model import ContainerEntry
 from shared.core.refit import (
     Code,
     Event,
@@ -41,12 +52,72 @@ from shared.service.lifecycle import Deadline
 from shared.service.tasks import TaskSet
 from shared.wire import WireError, dumps, loads_object
 from svc_refit.metrics import RefitMetrics
-from svc_refit.read_model import ReadModel
+from svc_refit.read_model import (
+    ReadModel,
+    SnapshotRefused,
+    View,
+    added_usage,
+    committed,
+    with_claims,
+)
 
 log = logging.getLogger("numafit.refit")
 
 VERSION = "0.1.0"
 MAX_BODY = 1 << 20  # HAMi reads request bodies through a 1 MiB limit
+MAX_REASON = 512
+"""Longest failureReason a reply carries (anything echoed from input is cut well before)."""
+MAX_DEVICE_TYPE = 64
+EVENT_TIMEOUT = 2.0
+"""Seconds one Event may take to record; it is recorded after the reply, never before it."""
+MAX_PENDING_EVENTS = 256
+"""Events still being recorded beyond which new ones are dropped (and counted)."""
+MAX_CONFLICTS = 8
+"""Recomputations after `conflict` before the refit gives up with `conflict`."""
+LANDING_WAIT = 0.25
+"""Longest wait for the node's next change before the second look at an unanswered move."""
+MIN_COMMIT_BUDGET = 0.02
+"""Below this, accounting would refuse to write anyway (its MIN_WRITE_BUDGET)."""
+
+_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]{0,126}[A-Za-z0-9])?")
+
+
+def _share(timeout: float, fraction: float, low: float, high: float) -> float:
+    return min(max(timeout * fraction, low), high)
+
+
+def reply_reserve(timeout: float) -> float:
+    """Seconds kept back at the end of the budget for the reply's trip to the device plugin."""
+    return _share(timeout, 0.025, 0.01, 0.05)
+
+
+def accounting_margin(timeout: float) -> float:
+    """How much earlier than the refit stops waiting accounting must have answered a move."""
+    return _share(timeout, 0.1, 0.02, 0.2)
+
+
+def verify_reserve(timeout: float) -> float:
+    """Seconds kept after a move's wait for one snapshot telling whether it landed."""
+    return _share(timeout, 0.1, 0.02, 0.2)
+
+
+@dataclass
+class _Attempt:
+    """What one request learned on its way (kept when its deadline cancels it)."""
+
+    request: RefitRequest
+    deadline: Deadline
+    reserve: float
+    started: float = field(default_factory=time.monotonic)
+    pod_ref: dict[str, str] | None = None
+
+    @property
+    def timeout(self) -> float:
+        return self.request.timeout_ms / 1000.0
+
+    def left(self) -> float:
+        """Seconds the request may still spend before its reply must leave."""
+        return self.deadline.remaining() - self.reserve
 
 
 class RefitService:
@@ -65,10 +136,11 @@ class RefitService:
         self.metrics = metrics or RefitMetrics()
         self.readiness = readiness or Readiness("nats")
         self.accounting = AccountingClient(nc)
-        self.read_model = ReadModel(nc, self.accounting)
+        self.read_model = ReadModel(nc, self.accounting, on_fetch=self.metrics.snapshots.inc)
         self._service: Service | None = None
-        self.tasks = TaskSet()
+        self.tasks = TaskSet(on_fatal=self.readiness.fail)
         self.inflight = InFlight()
+        self._events_pending = 0
 
     async def start(self) -> None:
         await self.read_model.start()
@@ -98,6 +170,10 @@ class RefitService:
         await self.read_model.stop()
         await self.tasks.stop(grace)  # events still being recorded
 
+    async def on_reconnect(self) -> None:
+        """Usage updates may have been missed while disconnected: refetch before trusting."""
+        self.read_model.mark_all_stale()
+
     # --- one request ------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> None:
@@ -108,6 +184,9 @@ class RefitService:
         mode = "unknown"
         try:
             reply, mode, event_for = await self._decide(request)
+            reason = reply.get("failureReason")
+            if isinstance(reason, str) and len(reason) > MAX_REASON:
+                reply["failureReason"] = _cut(reason)
             await request.respond(dumps(reply))
             self.metrics.requests.labels(reply["code"], mode).inc()
             if event_for is not None:
@@ -119,6 +198,7 @@ class RefitService:
                 await request.respond(dumps(_failed(Code.API_ERROR, "internal error").reply()))
         finally:
             self.metrics.duration.observe(time.perf_counter() - started)
+            self.metrics.nodes.set(len(self.read_model))
 
     async def _decide(
         self, request: Request
@@ -128,89 +208,213 @@ class RefitService:
         try:
             parsed = parse_refit_request(loads_object(request.data, "refit request"))
         except (WireError, RequestShapeError) as exc:
-            return _invalid(str(exc)), "unknown", None
+            return _invalid(_cut(str(exc), 200)), "unknown", None
         mode = parsed.mode.value
-        token = subjects.last_token(request.subject)
-        if parsed.node_name and subjects.node_token(parsed.node_name) != token:
-            # A node may only ask on its own subject (per-node NATS permissions rely on it).
-            decision = refused(
-                Code.UNAUTHORIZED,
-                f"request for node {parsed.node_name} arrived on the subject of {token}",
-                event=False,
+        screened = _screen(parsed, subjects.last_token(request.subject))
+        if screened is not None:
+            level = logging.WARNING if screened.code is Code.UNAUTHORIZED else logging.INFO
+            log.log(
+                level,
+                "refit request rejected",
+                extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return decision.reply(), mode, None
+            return screened.reply(), mode, None
         deadline = Deadline.after_ms(parsed.timeout_ms)
-        decision, pod_ref = await self._decide_and_commit(parsed, deadline)
+        attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
+        try:
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout_at(loop.time() + attempt.left()):
+                decision = await self._decide_and_commit(attempt)
+        except TimeoutError:
+            decision = _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
         self._log(parsed, decision)
-        event_for = (pod_ref, decision.event) if pod_ref and decision.event else None
+        event_for = (
+            (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
+        )
         return decision.reply(), mode, event_for
 
-    async def _decide_and_commit(
-        self, request: RefitRequest, deadline: Deadline
-    ) -> tuple[RefitDecision, dict[str, str] | None]:
-        pod_ref: dict[str, str] | None = None
+    async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
+        request = attempt.request
+        # Rows 1-5 need no state: decide them before asking anyone for anything.
+        early = decide_refit(request, pods={}, node=None, config=self.config)
+        if early.code is not Code.POD_NOT_TRACKED:
+            return early
+        node, uid = request.node_name, request.pod_uid
+        quota_checked = False
+        conflicts = 0
         while True:
-            budget = deadline.remaining() - REPLY_MARGIN
-            if budget <= 0:
-                return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent"), pod_ref
-            # Rows 1-5 need no state: decide them before asking accounting for anything.
-            early = decide_refit(request, pods={}, node=None, config=self.config)
-            if early.code is not Code.POD_NOT_TRACKED:
-                return early, None
+            if attempt.left() <= 0:
+                return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
             try:
                 view = await self.read_model.view(
-                    request.node_name, request.pod_uid, request.pod_namespace, budget
+                    node, uid, request.pod_namespace, attempt.deadline, attempt.reserve
                 )
+            except SnapshotRefused as exc:
+                return _from_accounting(exc.code, f"accounting refused a snapshot: {exc}")
             except AccountingUnavailable as exc:
-                return _failed(Code.API_ERROR, f"accounting unavailable: {exc}"), pod_ref
+                code = Code.DEADLINE_EXCEEDED if attempt.left() <= 0 else Code.API_ERROR
+                return _failed(code, f"accounting unavailable: {_cut(str(exc), 200)}")
             except WireError as exc:
-                return _failed(Code.API_ERROR, f"bad snapshot from accounting: {exc}"), pod_ref
-            pods = {view.pod.uid: view.pod} if view.pod is not None else {}
+                return _failed(Code.API_ERROR, f"bad snapshot from accounting: {_cut(str(exc))}")
             if view.pod is not None:
-                pod_ref = {
+                attempt.pod_ref = {
                     "namespace": view.pod.pod.namespace,
                     "name": view.pod.pod.name,
                     "uid": view.pod.uid,
                 }
-            decision = decide_refit(
-                request,
-                pods=pods,
-                node=view.node.snapshot(),
-                quota=view.quota,
-                config=self.config,
-            )
-            if decision.code is not Code.MOVED or decision.annotations is None:
-                return decision, pod_ref
-            budget = deadline.remaining() - REPLY_MARGIN
-            if budget <= 0:
-                return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent before commit"), pod_ref
+            decision = self._decide_on(request, view)
+            if decision.code in (Code.NO_FIT, Code.QUOTA_EXCEEDED) and self.read_model.claims(
+                node, excluding=uid
+            ):
+                # Refused only because of moves still in flight? Then wait for them to settle
+                # (one may fail and give the capacity back) and decide again.
+                free = self._decide_on(request, view, claims=False)
+                if free.code is Code.MOVED:
+                    wait = attempt.left() - verify_reserve(attempt.timeout) - MIN_COMMIT_BUDGET
+                    if await self.read_model.wait_change(node, wait):
+                        continue
+                    return decision  # the capacity is still held by those moves
+            if (
+                decision.code is Code.QUOTA_EXCEEDED
+                and not quota_checked
+                and view.quota_at < attempt.started
+            ):
+                # Refuse by quota only on the quota as it is now, not as it was cached.
+                quota_checked = True
+                with contextlib.suppress(AccountingUnavailable, SnapshotRefused, WireError):
+                    await self.read_model.refresh_quota(
+                        node, request.pod_namespace, attempt.deadline, attempt.reserve
+                    )
+                    continue
+                return decision
+            if decision.code is not Code.MOVED or view.pod is None:
+                return decision
+            outcome = await self._commit(attempt, view, decision)
+            if outcome is not None:
+                return outcome
+            conflicts += 1
+            if conflicts > MAX_CONFLICTS:
+                return _failed(Code.CONFLICT, f"the node kept changing ({conflicts} conflicts)")
+
+    def _decide_on(
+        self, request: RefitRequest, view: View, *, claims: bool = True
+    ) -> RefitDecision:
+        usage = view.usage
+        if usage is not None and claims:
+            held = self.read_model.claims(request.node_name, excluding=request.pod_uid)
+            if held:
+                usage = with_claims(usage, held)
+        pods = {view.pod.uid: view.pod} if view.pod is not None else {}
+        return decide_refit(request, pods=pods, node=usage, quota=view.quota, config=self.config)
+
+    async def _commit(
+        self, attempt: _Attempt, view: View, decision: RefitDecision
+    ) -> RefitDecision | None:
+        """Send the move; the decision's outcome, or None to recompute (`conflict`)."""
+        request, tracked = attempt.request, view.pod
+        assert tracked is not None
+        assert decision.annotations is not None
+        node = request.node_name
+        margin = accounting_margin(attempt.timeout)
+        wait = attempt.left() - verify_reserve(attempt.timeout)
+        if wait - margin < MIN_COMMIT_BUDGET:
+            return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent before commit")
+        body = {
+            "podUID": request.pod_uid,
+            "revision": view.revision,
+            "podResourceVersion": tracked.pod.resource_version,
+            "containerIndex": request.container_index,
+            "toAllocate": decision.annotations[keys.TO_ALLOCATE],
+            "allocated": decision.annotations[keys.ALLOCATED],
+        }
+        claim = added_usage(tracked.usage, decision.stored_usage or {})
+        lost = ""
+        reply: dict[str, Any] | None = None
+        with self.read_model.claim(node, request.pod_uid, claim):
             try:
-                reply = await self.accounting.call(
-                    "move",
-                    request.node_name,
-                    {
-                        "podUID": request.pod_uid,
-                        "revision": view.node.revision,
-                        "containerIndex": request.container_index,
-                        "toAllocate": decision.annotations[keys.TO_ALLOCATE],
-                        "allocated": decision.annotations[keys.ALLOCATED],
-                    },
-                    budget,
-                )
+                reply = await self.accounting.call("move", node, body, wait, margin=margin)
             except AccountingUnavailable as exc:
-                # The move may or may not have landed; accounting's ledger and the pod's
-                # annotations stay the truth, and Allocate records what kubelet really runs.
-                self.metrics.commit_attempts.labels("unavailable").inc()
-                return _failed(Code.DEADLINE_EXCEEDED, f"commit unanswered: {exc}"), pod_ref
-            result = str(reply.get("code", "api_error"))
-            self.metrics.commit_attempts.labels(result).inc()
-            if reply.get("ok"):
-                return decision, pod_ref
-            if result == Code.CONFLICT.value:
-                self.read_model.invalidate(request.node_name)
-                continue  # recompute on fresh state while the budget allows
-            code = Code(result) if result in Code._value2member_map_ else Code.API_ERROR
-            return _failed(code, str(reply.get("error", "commit refused"))), pod_ref
+                lost = _cut(str(exc), 200)
+            if reply is not None and reply.get("ok") is True:
+                # Before the claim goes: the usage it held must stay counted until the update.
+                self._committed(node, tracked, decision, reply)
+        if reply is None:
+            self.metrics.commit("unavailable")
+            return await self._verify(
+                attempt, decision, Code.DEADLINE_EXCEEDED, f"commit unanswered: {lost}"
+            )
+        result = reply.get("code")
+        result = result if isinstance(result, str) else "api_error"
+        if reply.get("ok") is True:
+            self.metrics.commit("ok")
+            return decision
+        self.metrics.commit(result)
+        error = _cut(str(reply.get("error", "commit refused")), 300)
+        if result == Code.CONFLICT.value:
+            self.read_model.mark_stale(node)  # recompute on fresh state while the budget allows
+            return None
+        if result in (Code.DEADLINE_EXCEEDED.value, Code.API_ERROR.value):
+            # The write may have reached the API server before accounting gave up on it.
+            return await self._verify(attempt, decision, Code(result), error)
+        if result in (Code.NO_FIT.value, Code.QUOTA_EXCEEDED.value):
+            self.read_model.mark_stale(node)  # accounting saw usage we did not
+        return _from_accounting(
+            result, error, _fit_reasons(reply.get("fitReasons")), decision.previous_devices
+        )
+
+    def _committed(
+        self, node: str, tracked: TrackedPod, decision: RefitDecision, reply: dict[str, Any]
+    ) -> None:
+        revision = reply.get("revision")
+        if isinstance(revision, int) and not isinstance(revision, bool):
+            self.read_model.expect(node, revision)
+        else:
+            self.read_model.mark_stale(node)
+        resource_version = reply.get("podResourceVersion")
+        assert decision.annotations is not None
+        updated = (
+            committed(tracked, decision.annotations, resource_version)
+            if isinstance(resource_version, str) and resource_version
+            else None
+        )
+        if updated is not None:
+            self.read_model.replace_pod(node, updated)
+        else:
+            self.read_model.forget_pod(node, tracked.uid)
+
+    async def _verify(
+        self, attempt: _Attempt, decision: RefitDecision, code: Code, message: str
+    ) -> RefitDecision:
+        """A move's answer was lost or inconclusive: did it land? A snapshot of the pod's entry
+        now and, when it does not show the move yet, once more after the node's next change
+        (a write that outlived accounting's patience reaches its ledger through the watch),
+        all within what is left of the budget."""
+        request = attempt.request
+        node = request.node_name
+        checked = False
+        for check in range(2):
+            if attempt.left() <= 0.005:
+                break
+            if check and not await self.read_model.wait_change(
+                node, min(attempt.left() - 0.005, LANDING_WAIT)
+            ):
+                break
+            try:
+                entry = await self.read_model.pod_entry(
+                    node, request.pod_uid, attempt.deadline, attempt.reserve
+                )
+            except (AccountingUnavailable, SnapshotRefused, WireError):
+                break
+            checked = True
+            if _holds(entry, request, decision):
+                self.metrics.uncertain.labels("landed").inc()
+                log.info(
+                    "move answer lost, but the move landed",
+                    extra={"pod": f"{request.pod_namespace}/{request.pod_name}", "error": message},
+                )
+                return decision
+        self.metrics.uncertain.labels("not_landed" if checked else "unknown").inc()
+        return _failed(code, message)
 
     def _log(self, request: RefitRequest, decision: RefitDecision) -> None:
         fields = {
@@ -224,22 +428,121 @@ class RefitService:
             fields["devices"] = codec.encode_container(decision.container_devices)
             log.info("refit succeeded", extra=fields)
         else:
-            fields["reason"] = decision.failure_reason
+            fields["reason"] = _cut(decision.failure_reason)
             log.info("refit refused", extra=fields)
 
     def _record_event(self, pod: dict[str, str], event: Event) -> None:
+        """Record after the reply, bounded (EVENT_TIMEOUT) and capped (MAX_PENDING_EVENTS)."""
         if self.kube is None:
             return
+        if self._events_pending >= MAX_PENDING_EVENTS:
+            self.metrics.events.labels("dropped").inc()
+            return
         kube = self.kube
+        self._events_pending += 1
 
         async def record() -> None:
             try:
-                async with asyncio.timeout(5):
-                    await kube.create_event(pod, event.type, event.reason, event.message)
+                async with asyncio.timeout(EVENT_TIMEOUT):
+                    await kube.create_event(pod, event.type, event.reason, _cut(event.message))
+                self.metrics.events.labels("recorded").inc()
             except (TimeoutError, kube_io.KubeError) as exc:
-                log.warning("event not recorded", extra={"pod": pod["name"], "error": str(exc)})
+                self.metrics.events.labels("failed").inc()
+                log.warning(
+                    "event not recorded",
+                    extra={"pod": pod["name"], "error": _cut(str(exc) or "timed out", 200)},
+                )
+            finally:
+                self._events_pending -= 1
 
         self.tasks.spawn(record(), "refit-event")
+
+
+def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
+    """Refuse what must not go further: names that could not be subjects (or API paths), and
+    anything the core would echo unbounded. Empty fields are left to the core ("incomplete")."""
+    if not subjects.valid_token(token):
+        return refused(
+            Code.INVALID_REQUEST,
+            f"subject token {subjects.shown(token)} is not a node name's token",
+            event=False,
+        )
+    for value, what in (
+        (request.node_name, "nodeName"),
+        (request.pod_namespace, "podNamespace"),
+        (request.pod_name, "podName"),
+        (request.container_name, "containerName"),
+    ):
+        if value and not subjects.valid_name(value):
+            return refused(
+                Code.INVALID_REQUEST,
+                f"{what} {subjects.shown(value)} is not a Kubernetes name",
+                event=False,
+            )
+    if request.pod_uid and _UID.fullmatch(request.pod_uid) is None:
+        return refused(
+            Code.INVALID_REQUEST,
+            f"podUID {subjects.shown(request.pod_uid)} is not a Kubernetes UID",
+            event=False,
+        )
+    if len(request.device_type) > MAX_DEVICE_TYPE:
+        return refused(
+            Code.UNKNOWN_DEVICE_TYPE,
+            f"unknown device type {subjects.shown(request.device_type)}",
+            event=False,
+        )
+    if request.node_name and subjects.node_token(request.node_name) != token:
+        # A node may only ask on its own subject (per-node NATS permissions rely on it).
+        return refused(
+            Code.UNAUTHORIZED,
+            f"request for node {request.node_name} arrived on the subject of {token}",
+            event=False,
+        )
+    return None
+
+
+def _holds(entry: TrackedPod | None, request: RefitRequest, decision: RefitDecision) -> bool:
+    """Does the pod's entry hold what the decision would have written?"""
+    assert decision.annotations is not None
+    return (
+        entry is not None
+        and entry.node == request.node_name
+        and entry.to_allocate == decision.annotations[keys.TO_ALLOCATE]
+        and entry.allocated == decision.annotations[keys.ALLOCATED]
+    )
+
+
+def _cut(text: str, limit: int = MAX_REASON) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text)} characters)"
+
+
+def _fit_reasons(value: Any) -> dict[str, int]:
+    """accounting's `fitReasons`, kept only when well-formed (names are HAMi's, a few)."""
+    if not isinstance(value, dict) or len(value) > 32:
+        return {}
+    return {
+        k: v
+        for k, v in value.items()
+        if isinstance(k, str)
+        and len(k) <= 64
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and v >= 0
+    }
+
+
+def _from_accounting(
+    code: str,
+    message: str,
+    fit_reasons: dict[str, int] | None = None,
+    previous: ContainerEntry = (),
+) -> RefitDecision:
+    known = Code(code) if code in Code._value2member_map_ else Code.API_ERROR
+    if known.value in (Code.MOVED.value, Code.ALREADY_ALIGNED.value):
+        known = Code.API_ERROR
+    return refused(known, message, fit_reasons=fit_reasons or {}, previous_devices=previous)
 
 
 def _invalid(message: str) -> dict[str, Any]:

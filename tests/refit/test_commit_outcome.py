@@ -1,0 +1,96 @@
+"""A refit reply never says failure for a commit that landed when the service can know it did.
+
+Before the fix, a move whose answer did not get home (lost, or later than the refit waited)
+was answered `deadline_exceeded` although the reservation had moved: the device plugin then
+fell back while the ledger and the annotations said the container was on the allowed GPU. Now
+accounting is given less time than the refit waits (so its success answer gets home), and an
+unanswered or inconclusive move is checked against accounting's ledger before replying.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.accounting_client import AccountingUnavailable
+from shared.core import keys
+from tests.integration.harness import harness
+from tests.refit.helpers import request_for, worked_objects
+
+MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"  # the worked example's answer (README)
+
+
+async def test_a_move_whose_answer_is_lost_is_reported_moved_when_it_landed(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        assert h.refit is not None
+        real = h.refit.accounting.call
+
+        async def answer_lost(op: str, node: str, body: Any, budget: Any = None, **kw: Any) -> Any:
+            reply = await real(op, node, body, budget, **kw)
+            if op == "move":
+                raise AccountingUnavailable("the answer was lost on its way back")
+            return reply
+
+        monkeypatch.setattr(h.refit.accounting, "call", answer_lost)
+        reply = await h.refit_request(request_for(created))
+        assert reply == {
+            "succeeded": True,
+            "code": "moved",
+            "containerDevices": "GPU-b,NVIDIA,20000,30:",
+        }
+        stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
+        assert stored[keys.TO_ALLOCATE] == MOVED_PENDING
+        assert h.refit.metrics.uncertain.labels("landed")._value.get() == 1
+
+
+async def test_a_move_that_did_not_land_is_not_reported_moved(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        assert h.refit is not None
+
+        async def never_answers(*_: Any, **__: Any) -> Any:
+            raise AccountingUnavailable("no answer")
+
+        real = h.refit.accounting.call
+
+        async def move_lost(op: str, node: str, body: Any, budget: Any = None, **kw: Any) -> Any:
+            if op == "move":
+                return await never_answers()
+            return await real(op, node, body, budget, **kw)
+
+        monkeypatch.setattr(h.refit.accounting, "call", move_lost)
+        reply = await h.refit_request(request_for(created))
+        assert (reply["succeeded"], reply["code"]) == (False, "deadline_exceeded")
+        stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
+        assert stored == created["metadata"]["annotations"]
+        assert h.refit.metrics.uncertain.labels("not_landed")._value.get() == 1
+
+
+async def test_a_write_that_outlives_accountings_deadline_is_found_and_reported_moved(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        # The move's PATCH takes longer than accounting may wait for it, and the API server
+        # commits it anyway after accounting gave up (a client-side timeout).
+        h.emulator.faults.add(
+            method="PATCH", path_regex=r"/pods/train$", delay_s=0.85, times=1, outlive_client=True
+        )
+        started = time.perf_counter()
+        reply = await h.refit_request(request_for(created, timeoutMs=1000))
+        elapsed = time.perf_counter() - started
+        assert reply["code"] == "moved", reply
+        assert elapsed < 1.0
+        assert h.refit is not None  # accounting said it gave up; the check found the write
+        assert h.refit.metrics.commit_attempts.labels("deadline_exceeded")._value.get() == 1
+        assert h.refit.metrics.uncertain.labels("landed")._value.get() == 1
+        stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
+        assert stored[keys.TO_ALLOCATE] == MOVED_PENDING

@@ -1,0 +1,151 @@
+"""svc_refit's read model follows accounting's usage updates, drops deleted nodes, and never
+grows for nodes nobody asked about (or that do not exist).
+
+Before the fix it kept every announced node's revision forever (deleted ones included), and a
+node's view for every node name a refit named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shared import subjects
+from tests.builders import container, gpu, node, pod
+from tests.integration.harness import Harness, harness, wait_for
+from tests.refit.helpers import for_create, request_for, worked_objects
+
+
+async def _publish(h: Harness, name: str, body: dict[str, Any]) -> None:
+    assert h.client_nc is not None
+    await h.client_nc.publish(subjects.usage(name), orjson.dumps(body))
+    await h.client_nc.flush()
+
+
+async def test_a_deleted_node_is_dropped(nats_url: str, tmp_path: Path) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        assert h.refit is not None
+        model = h.refit.read_model
+        assert (await h.refit_request(request_for(created, allowedDeviceUUIDs=["GPU-a"])))[
+            "code"
+        ] == "already_aligned"
+        assert model.nodes() == ["node-1"]
+        assert h.accounting is not None
+        await _publish(
+            h,
+            "node-1",
+            {
+                "epoch": h.accounting.ledger.epoch,
+                "node": "node-1",
+                "revision": 99,
+                "devices": {},
+                "deleted": True,
+            },
+        )
+        await wait_for(lambda: model.nodes() == [])
+
+
+async def test_a_node_deleted_in_the_api_leaves_the_read_model(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        assert h.refit is not None and h.kube is not None
+        model = h.refit.read_model
+        await h.refit_request(request_for(created, allowedDeviceUUIDs=["GPU-a"]))
+        assert model.nodes() == ["node-1"]
+        await h.kube.core.delete_node("node-1", _preload_content=False)
+        await wait_for(lambda: model.nodes() == [])
+        reply = await h.refit_request(request_for(created))
+        assert reply["succeeded"] is False
+        assert model.nodes() == []
+
+
+async def test_nodes_nobody_asked_about_are_never_kept(nats_url: str, tmp_path: Path) -> None:
+    async with harness(nats_url, tmp_path, worked_objects()) as h:
+        created = await h.pod("ml", "train")
+        assert h.refit is not None and h.accounting is not None
+        model = h.refit.read_model
+        epoch = h.accounting.ledger.epoch
+        for i in range(50):  # updates for nodes no refit asked about
+            await _publish(
+                h,
+                f"ghost-{i}",
+                {"epoch": epoch, "node": f"ghost-{i}", "revision": 1, "devices": {}},
+            )
+        for i in range(50):  # refits for nodes that do not exist
+            name = f"nowhere-{i}"
+            reply = await h.refit_request(request_for(created, nodeName=name), node=name)
+            assert (reply["succeeded"], reply["code"]) == (False, "node_mismatch"), reply
+        assert model.nodes() == []
+        assert set(h.accounting.ledger.nodes) == {"node-1"}  # nor does accounting's ledger
+        await h.refit_request(request_for(created, allowedDeviceUUIDs=["GPU-a"]))
+        assert model.nodes() == ["node-1"]
+
+
+async def test_the_read_model_is_bounded(nats_url: str, tmp_path: Path) -> None:
+    objects: list[tuple[str, dict[str, Any]]] = []
+    for i in range(3):
+        objects.append(("node", node(f"node-{i}", [gpu(f"GPU-{i}", 0)])))
+        objects.append(
+            (
+                "pod",
+                for_create(
+                    pod(
+                        f"p{i}",
+                        containers=[container("app", 1, 1000)],
+                        namespace="ml",
+                        node_name=f"node-{i}",
+                        allocated=f"GPU-{i},NVIDIA,1000,0:;",
+                    )
+                ),
+            )
+        )
+    async with harness(nats_url, tmp_path, objects) as h:
+        assert h.refit is not None
+        model = h.refit.read_model
+        model.max_nodes = 2
+        for i in range(3):
+            created = await h.pod("ml", f"p{i}")
+            body = request_for(
+                created, containerIndex=0, containerName="app", allowedDeviceUUIDs=[f"GPU-{i}"]
+            )
+            reply = await h.refit_request(body, node=f"node-{i}")
+            assert reply["code"] == "already_aligned", reply
+            assert len(model) <= 2
+        assert model.nodes() == ["node-1", "node-2"]  # the least recently used went first
+
+
+async def test_usage_updates_keep_the_view_current_without_fetching(
+    nats_url: str, tmp_path: Path
+) -> None:
+    nodes = node("node-1", [gpu("GPU-a", 1), gpu("GPU-b", 0, mem=30000)])
+    pods = [
+        pod(
+            name,
+            containers=[container("app", 1, 20000)],
+            namespace="ml",
+            allocated="GPU-a,NVIDIA,20000,0:;",
+        )
+        for name in ("first", "second")
+    ]
+    async with harness(
+        nats_url, tmp_path, [("node", nodes)] + [("pod", for_create(p)) for p in pods]
+    ) as h:
+        assert h.refit is not None
+        first, second = await h.pod("ml", "first"), await h.pod("ml", "second")
+        reply = await h.refit_request(
+            request_for(first, containerIndex=0, containerName="app", allowedDeviceUUIDs=["GPU-b"])
+        )
+        assert reply["code"] == "moved"
+        fetched = h.refit.metrics.snapshots._value.get()
+        # The second pod's entry came with the first snapshot; the first move's usage came
+        # with accounting's update: the refusal needs no fetch at all.
+        reply = await h.refit_request(
+            request_for(second, containerIndex=0, containerName="app", allowedDeviceUUIDs=["GPU-b"])
+        )
+        assert reply["code"] == "no_fit" and reply["fitReasons"] == {"CardInsufficientMemory": 1}
+        assert h.refit.metrics.snapshots._value.get() == fetched

@@ -14,7 +14,7 @@ from typing import Any
 from shared.core import codec
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.errors import CoreError
-from shared.core.model import ContainerKind, DeviceInfo, NodeSnapshot, Usage
+from shared.core.model import ContainerKind, DeviceInfo, DeviceUsage, NodeSnapshot, Usage
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.wire import Reader, WireError
@@ -138,3 +138,24 @@ def quota_from_wire(obj: Mapping[str, Any]) -> QuotaLedger:
         {namespace: QuotaLimit(reader.opt_integer("limitMem"), reader.opt_integer("limitCores"))},
         {namespace: Usage(reader.integer("usedMem", 0), reader.integer("usedCores", 0))},
     )
+
+
+def usage_from_wire(snapshot: NodeSnapshot, devices: Any) -> NodeSnapshot | None:
+    """`snapshot`'s devices with the usage of a published table (`{uuid: {used, usedmem,
+    usedcores}}`), or None when the table cannot be applied as is: another device set, or a
+    malformed entry (readers then take a snapshot instead)."""
+    if not isinstance(devices, dict) or set(devices) != {d.info.id for d in snapshot.devices}:
+        return None
+    updated: list[DeviceUsage] = []
+    for device in snapshot.devices:
+        usage = devices[device.info.id]
+        if not isinstance(usage, dict):
+            return None
+        values: list[int] = []
+        for key in ("used", "usedmem", "usedcores"):
+            value = usage.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return None
+            values.append(value)
+        updated.append(DeviceUsage(device.info, *values))
+    return NodeSnapshot(snapshot.name, updated, snapshot.cordoned)

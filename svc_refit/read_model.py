@@ -45,10 +45,16 @@ from shared import subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core.accounting import TrackedPod, track_pod
 from shared.core.errors import CoreError
-from shared.core.model import DeviceUsage, NodeSnapshot, Usage
+from shared.core.model import NodeSnapshot, Usage
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
-from shared.ledger_wire import NodeState, node_state_from_wire, quota_from_wire, tracked_from_wire
+from shared.ledger_wire import (
+    NodeState,
+    node_state_from_wire,
+    quota_from_wire,
+    tracked_from_wire,
+    usage_from_wire,
+)
 from shared.service.lifecycle import Deadline
 from shared.wire import Reader, WireError, loads_object
 
@@ -238,7 +244,7 @@ class ReadModel:
             return
         if revision <= entry.revision:
             return  # already seen (a snapshot overtook it)
-        updated = _with_usage(entry.usage, devices)
+        updated = usage_from_wire(entry.usage, devices)
         if updated is None:
             self.mark_stale(node)  # another device set, or a table that does not parse
             return
@@ -536,22 +542,3 @@ def committed(
         deleting=pod.deleting,
     )
     return track_pod(updated, released=tracked.released)
-
-
-def _with_usage(snapshot: NodeSnapshot, devices: Any) -> NodeSnapshot | None:
-    """`snapshot` with a published usage table, or None when it cannot be applied as is."""
-    if not isinstance(devices, dict) or set(devices) != {d.info.id for d in snapshot.devices}:
-        return None
-    updated: list[DeviceUsage] = []
-    for device in snapshot.devices:
-        usage = devices[device.info.id]
-        if not isinstance(usage, dict):
-            return None
-        values: list[int] = []
-        for key in ("used", "usedmem", "usedcores"):
-            value = usage.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                return None
-            values.append(value)
-        updated.append(DeviceUsage(device.info, *values))
-    return NodeSnapshot(snapshot.name, updated, snapshot.cordoned)

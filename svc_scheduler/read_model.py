@@ -44,9 +44,14 @@ from shared import subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core.accounting import TrackedPod
 from shared.core.errors import CoreError
-from shared.core.model import DeviceUsage, NodeSnapshot
+from shared.core.model import NodeSnapshot
 from shared.core.quota import QuotaLedger
-from shared.ledger_wire import node_state_from_wire, quota_from_wire, tracked_from_wire
+from shared.ledger_wire import (
+    node_state_from_wire,
+    quota_from_wire,
+    tracked_from_wire,
+    usage_from_wire,
+)
 from shared.wire import Reader, WireError, loads_object
 from svc_scheduler.metrics import SchedulerMetrics
 
@@ -338,25 +343,11 @@ class ReadModel:
 def _with_usage(snapshot: NodeSnapshot | None, devices: Any) -> NodeSnapshot | None:
     """`snapshot` with the published usage, or None when the table cannot be applied as is
     (another device set, a malformed table, or unchanged usage: see the module docstring)."""
-    if snapshot is None or not isinstance(devices, dict):
+    if snapshot is None:
         return None
-    if set(devices) != {d.info.id for d in snapshot.devices}:
+    updated = usage_from_wire(snapshot, devices)
+    if updated is None:
         return None
-    updated: list[DeviceUsage] = []
-    changed = False
-    for device in snapshot.devices:
-        usage = devices[device.info.id]
-        if not isinstance(usage, dict):
-            return None
-        values: list[int] = []
-        for key in ("used", "usedmem", "usedcores"):
-            value = usage.get(key)
-            if isinstance(value, bool) or not isinstance(value, int):
-                return None
-            values.append(value)
-        fresh = DeviceUsage(device.info, *values)
-        changed |= fresh.as_dict() != device.as_dict()
-        updated.append(fresh)
-    if not changed:
+    if [d.as_dict() for d in updated.devices] == [d.as_dict() for d in snapshot.devices]:
         return None
-    return NodeSnapshot(snapshot.name, updated, snapshot.cordoned)
+    return updated

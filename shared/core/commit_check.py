@@ -45,6 +45,7 @@ from shared.core.model import (
     NodeSnapshot,
     Usage,
 )
+from shared.core.nodes import without_pod
 from shared.core.policy import parse_policy
 from shared.core.quota import QuotaLedger
 from shared.core.requests import ContainerRequest
@@ -139,12 +140,8 @@ def check_commit(
     old_here: Mapping[str, Usage] = (
         tracked.usage if tracked is not None and tracked.node == node.name else {}
     )
-    base = node.copy()
+    base = without_pod(node, old_here)
     devices = base.by_uuid()
-    for uuid, usage in old_here.items():
-        device = devices.get(uuid)
-        if device is not None:
-            device.subtract(Usage(usage.mem, usage.cores, max(usage.slots, 1)))
 
     reasons: Counter[str] = Counter()
     considered = 0

@@ -26,6 +26,7 @@ from shared.core.fit import (
     restrict,
 )
 from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
+from shared.core.nodes import without_pod
 from shared.core.pods import Alignment, parse_alignment
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest
@@ -420,12 +421,7 @@ def preload(
     """Reference e.8 on a copy of `node`: take the pod's stored usage out, then put back, per
     device, what the pod will still use there besides the moved container, so that adding the
     moved container's (mem, cores, 1 slot) lands exactly on the pod's true effective usage."""
-    result = node.copy()
-    devices = result.by_uuid()
-    for uuid, usage in tracked.usage.items():
-        device = devices.get(uuid)
-        if device is not None:
-            device.subtract(Usage(usage.mem, usage.cores, max(usage.slots, 1)))
+    result = without_pod(node, tracked.usage)
     assert tracked.rows is not None
     assert tracked.pending_rows is not None
     moved = tracked.pending_rows[index][0]

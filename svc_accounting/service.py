@@ -30,7 +30,7 @@ from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
-from shared.service import kube_io
+from shared.service import kube_io, natsconn
 from shared.service.health import Readiness
 from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
@@ -132,9 +132,8 @@ class AccountingService:
         """Stop taking requests, finish in-flight ones within `grace`, stop background work
         (event recording included: nothing outlives shutdown)."""
         self.readiness.draining = True
-        if self._service is not None:
-            await self._service.stop()
-            self._service = None
+        service, self._service = self._service, None
+        await natsconn.stop_service(service)
         await self.inflight.wait_idle(grace)
         await self.tasks.stop()
 

@@ -44,7 +44,7 @@ from shared.core.refit import (
     parse_refit_request,
     refused,
 )
-from shared.service import kube_io
+from shared.service import kube_io, natsconn
 from shared.service.health import Readiness
 from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
@@ -163,9 +163,8 @@ class RefitService:
 
     async def stop(self, grace: float) -> None:
         self.readiness.draining = True
-        if self._service is not None:
-            await self._service.stop()
-            self._service = None
+        service, self._service = self._service, None
+        await natsconn.stop_service(service)
         await self.inflight.wait_idle(grace)
         await self.read_model.stop()
         await self.tasks.stop(grace)  # events still being recorded

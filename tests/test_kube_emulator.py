@@ -862,6 +862,156 @@ async def test_faults_over_the_admin_endpoint(emulator: KubeEmulator, core: Core
     assert cleared_body == {"rules": []}
 
 
+async def read_event(stream: aiohttp.StreamReader) -> JSONDict:
+    """The next non-empty line of a raw watch stream, decoded."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            line = await stream.readline()
+            if not line:
+                return {}  # the stream ended
+            if line.strip():
+                event: JSONDict = orjson.loads(line)
+                return event
+
+
+async def test_expiring_watches_ends_live_ones_with_410_and_forces_a_relist(
+    emulator: KubeEmulator, core: CoreV1Api
+) -> None:
+    created = await core.create_namespaced_pod("default", pod("p"))
+    start = created.metadata.resource_version
+    await core.create_namespaced_pod("default", pod("q"))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{emulator.url}/api/v1/namespaces/default/pods",
+            params={"watch": "true", "resourceVersion": start},
+        ) as pods_watch,
+        session.get(f"{emulator.url}/api/v1/nodes", params={"watch": "true"}) as nodes_watch,
+    ):
+        # Both watches are registered once their responses started.
+        assert pods_watch.status == nodes_watch.status == 200
+        replayed = await read_event(pods_watch.content)
+        ended = emulator.expire_watches("pods")
+        expired = await read_event(pods_watch.content)
+        after_error = await read_event(pods_watch.content)
+        await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="n1")))
+        node_event = await read_event(nodes_watch.content)
+
+    with pytest.raises(ApiException) as rewatch:
+        await collect_events(core, 1, resource_version=start)
+    listed = await core.list_namespaced_pod("default")
+    await core.delete_namespaced_pod("p", "default")
+    fresh = await collect_events(core, 1, resource_version=listed.metadata.resource_version)
+
+    assert replayed["type"] == "ADDED" and replayed["object"]["metadata"]["name"] == "q"
+    assert ended == 1
+    assert expired["type"] == "ERROR"
+    assert expired["object"]["code"] == 410 and expired["object"]["reason"] == "Expired"
+    assert after_error == {}  # the watch ends after its ERROR event
+    assert node_event["type"] == "ADDED"  # other resources' watches go on
+    assert rewatch.value.status == 410  # the old revision is gone: only a relist helps
+    assert fresh[0][0] == "DELETED"
+
+
+async def test_expire_watches_over_the_admin_endpoint(emulator: KubeEmulator) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{emulator.url}/_emulator/expire-watches", json={"resource": "pods"}
+        ) as expired:
+            body = await expired.json()
+        async with session.post(f"{emulator.url}/_emulator/expire-watches") as everything:
+            everything_status = everything.status
+        async with session.post(
+            f"{emulator.url}/_emulator/expire-watches", json={"resource": "gadgets"}
+        ) as unknown:
+            unknown_status = unknown.status
+
+    assert expired.status == 200 and body["expired"] == 0
+    assert everything_status == 200
+    assert unknown_status == 400
+
+
+async def test_a_fault_can_fail_the_relist_but_not_the_watch(
+    emulator: KubeEmulator, core: CoreV1Api
+) -> None:
+    await core.create_namespaced_pod("default", pod("p"))
+    rule = emulator.faults.add(
+        method="GET", path_regex=r"/api/v1/pods", watch=False, status=500, times=1
+    )
+
+    # A watch matching the path is not affected...
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{emulator.url}/api/v1/pods", params={"watch": "true"}) as watching,
+    ):
+        first = await read_event(watching.content)
+    # ... the next list is, once.
+    with pytest.raises(ApiException) as failed:
+        await core.list_pod_for_all_namespaces()
+    recovered = await core.list_pod_for_all_namespaces()
+
+    assert first["type"] == "ADDED"
+    assert failed.value.status == 500
+    assert names_of(recovered) == ["p"]
+    assert rule.hits == 1 and emulator.faults.rules() == []
+
+
+async def test_a_delayed_write_can_outlive_its_client(
+    emulator: KubeEmulator, core: CoreV1Api
+) -> None:
+    await core.create_namespaced_pod("default", pod("kept"))
+    await core.create_namespaced_pod("default", pod("dropped"))
+    emulator.faults.add(
+        method="PATCH", path_regex="/pods/kept$", delay_s=0.3, outlive_client=True, times=1
+    )
+    emulator.faults.add(method="PATCH", path_regex="/pods/dropped$", delay_s=0.3, times=1)
+    labels = {"metadata": {"labels": {"written": "yes"}}}
+
+    for name in ("kept", "dropped"):
+        with pytest.raises(TimeoutError):
+            # The client gives up (and disconnects) long before the delay is over.
+            await core.patch_namespaced_pod(name, "default", labels, _request_timeout=0.05)
+    assert emulator.faults.in_flight >= 1
+    async with asyncio.timeout(WAIT_S):
+        while emulator.faults.in_flight:  # noqa: ASYNC110 - a counter with no notification
+            await asyncio.sleep(0.01)
+    kept = await core.read_namespaced_pod("kept", "default")
+    dropped = await core.read_namespaced_pod("dropped", "default")
+
+    # Like the API server, the write whose client went away still landed...
+    assert kept.metadata.labels == {"written": "yes"}
+    # ... while a plain delayed request is abandoned with its client.
+    assert dropped.metadata.labels is None
+
+
+async def test_fault_rule_fields_for_watches_and_outliving_clients(
+    emulator: KubeEmulator,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{emulator.url}/_emulator/faults",
+            json={"path_regex": "/pods", "status": 410, "watch": True, "times": 1},
+        ) as added:
+            rule = await added.json()
+        async with session.post(
+            f"{emulator.url}/_emulator/faults",
+            json={"path_regex": "/pods", "status": 500, "outlive_client": True},
+        ) as no_delay:
+            no_delay_status = no_delay.status
+        async with session.post(
+            f"{emulator.url}/_emulator/faults",
+            json={"path_regex": "/pods", "status": 500, "watch": "yes"},
+        ) as wrong_type:
+            wrong_type_status = wrong_type.status
+        async with session.get(f"{emulator.url}/_emulator/faults") as listed:
+            live = await listed.json()
+
+    assert added.status == 201 and rule["watch"] is True and rule["outlive_client"] is False
+    assert no_delay_status == 400  # outliving the client only means something for a delay
+    assert wrong_type_status == 400
+    assert live["in_flight"] == 0 and [r["id"] for r in live["rules"]] == [rule["id"]]
+
+
 # --- admission -----------------------------------------------------------------------------------
 
 

@@ -1,10 +1,17 @@
 """Fault injection: make chosen requests slow or failing, to test clients' error paths.
 
-A rule matches by HTTP method and a regular expression searched in the path and query string;
-it delays the request (with asyncio, so every other request proceeds meanwhile) and/or answers
-it with a Status of the given code instead of serving it, for its first `times` matches or for
-every match. The first live rule that matches a request applies; rules are added in-process
-(`emulator.faults.add(...)`) or over HTTP (`POST /_emulator/faults`, see server.py).
+A rule matches by HTTP method, a regular expression searched in the path and query string, and
+optionally by whether the request is a watch (`watch: true`) or not (`watch: false`, e.g. to
+fail a relist but not the watch beside it); it delays the request (with asyncio, so every other
+request proceeds meanwhile) and/or answers it with a Status of the given code instead of serving
+it, for its first `times` matches or for every match. The first live rule that matches a request
+applies; rules are added in-process (`emulator.faults.add(...)`) or over HTTP
+(`POST /_emulator/faults`, see server.py).
+
+A delayed request is abandoned when its client disconnects during the delay, unless the rule
+says `outlive_client: true`: then it is still served after the delay, as the API server commits
+a write whose client went away (a writer killed mid-request, a client-side timeout). `in_flight`
+counts faulted requests still being delayed or served, so a test can wait for them to settle.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from . import errors
+from . import errors, paths
 from .objects import JSONDict
 
 ADMIN_PREFIX = "/_emulator/"
@@ -34,6 +41,10 @@ class FaultRule:
     message: str = "injected fault"
     times: int | None = None
     """How many more matching requests it applies to; None for all of them."""
+    watch: bool | None = None
+    """Only watch requests (True), only other requests (False), or both (None)."""
+    outlive_client: bool = False
+    """Serve the delayed request even when its client disconnects during the delay."""
     hits: int = 0
     _pattern: re.Pattern[str] = field(init=False, repr=False)
 
@@ -48,14 +59,18 @@ class FaultRule:
             raise ValueError("times must be at least 1")
         if self.delay_s == 0 and self.status is None:
             raise ValueError("a fault needs a delay_s, a status, or both")
+        if self.outlive_client and self.delay_s == 0:
+            raise ValueError("outlive_client needs a delay_s")
         try:
             self._pattern = re.compile(self.path_regex)
         except re.error as error:
             raise ValueError(f"path_regex does not compile: {error}") from None
 
-    def matches(self, method: str, path_qs: str) -> bool:
-        return (self.method is None or self.method == method) and bool(
-            self._pattern.search(path_qs)
+    def matches(self, method: str, path_qs: str, is_watch: bool = False) -> bool:
+        return (
+            (self.method is None or self.method == method)
+            and (self.watch is None or self.watch == is_watch)
+            and bool(self._pattern.search(path_qs))
         )
 
     def to_json(self) -> JSONDict:
@@ -67,6 +82,8 @@ class FaultRule:
             "status": self.status,
             "message": self.message,
             "times": self.times,
+            "watch": self.watch,
+            "outlive_client": self.outlive_client,
             "hits": self.hits,
         }
 
@@ -77,6 +94,9 @@ class Faults:
     def __init__(self) -> None:
         self._rules: list[FaultRule] = []
         self._ids = itertools.count(1)
+        self.in_flight = 0
+        """Faulted requests still being delayed or served."""
+        self._outliving: set[asyncio.Task[web.StreamResponse]] = set()
 
     def add(
         self,
@@ -87,6 +107,8 @@ class Faults:
         status: int | None = None,
         times: int | None = None,
         message: str = "injected fault",
+        watch: bool | None = None,
+        outlive_client: bool = False,
     ) -> FaultRule:
         """Add a rule; raises ValueError for a rule that could never do anything sensible."""
         rule = FaultRule(
@@ -97,6 +119,8 @@ class Faults:
             status=status,
             message=message,
             times=times,
+            watch=watch,
+            outlive_client=outlive_client,
         )
         self._rules.append(rule)
         return rule
@@ -112,11 +136,15 @@ class Faults:
             "status": (int, type(None)),
             "times": (int, type(None)),
             "message": (str,),
+            "watch": (bool, type(None)),
+            "outlive_client": (bool,),
         }
         for key, value in body.items():
             if key not in types:
                 raise ValueError(f"unknown fault rule field: {key}")
-            if isinstance(value, bool) or not isinstance(value, types[key]):
+            if (isinstance(value, bool) and bool not in types[key]) or not isinstance(
+                value, types[key]
+            ):
                 raise ValueError(f"fault rule field {key} has the wrong type")
         return self.add(**body)
 
@@ -131,10 +159,10 @@ class Faults:
     def rules(self) -> list[FaultRule]:
         return list(self._rules)
 
-    def take(self, method: str, path_qs: str) -> FaultRule | None:
+    def take(self, method: str, path_qs: str, is_watch: bool = False) -> FaultRule | None:
         """The rule that applies to this request, counted as used (and retired when spent)."""
         for rule in self._rules:
-            if rule.matches(method, path_qs):
+            if rule.matches(method, path_qs, is_watch):
                 rule.hits += 1
                 if rule.times is not None:
                     rule.times -= 1
@@ -151,10 +179,55 @@ class Faults:
     ) -> web.StreamResponse:
         if request.path.startswith(ADMIN_PREFIX):
             return await handler(request)
-        rule = self.take(request.method, request.path_qs)
-        if rule is not None:
-            if rule.delay_s:
-                await asyncio.sleep(rule.delay_s)
-            if rule.status is not None:
-                raise errors.from_code(rule.status, rule.message)
+        rule = self.take(request.method, request.path_qs, is_watch_request(request))
+        if rule is None:
+            return await handler(request)
+        if not rule.outlive_client:
+            self.in_flight += 1
+            try:
+                return await self._apply(rule, request, handler)
+            finally:
+                self.in_flight -= 1
+        # Shielded: a cancellation (the client went away) stops this handler waiting, not
+        # the request being served.
+        self.in_flight += 1
+        task = asyncio.ensure_future(self._apply(rule, request, handler))
+        self._outliving.add(task)
+        task.add_done_callback(self._outlived)
+        return await asyncio.shield(task)
+
+    def _outlived(self, task: asyncio.Task[web.StreamResponse]) -> None:
+        self._outliving.discard(task)
+        self.in_flight -= 1
+        if not task.cancelled():
+            task.exception()  # retrieved: a refusal nobody waits for any more is not an error
+
+    async def _apply(
+        self,
+        rule: FaultRule,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if rule.outlive_client:
+            await request.read()  # kept by the request: still there once the client has gone
+        if rule.delay_s:
+            await asyncio.sleep(rule.delay_s)
+        if rule.status is not None:
+            raise errors.from_code(rule.status, rule.message)
         return await handler(request)
+
+    async def cancel_outliving(self) -> None:
+        """Stop serving requests whose clients left (the emulator is stopping)."""
+        tasks = list(self._outliving)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def is_watch_request(request: web.Request) -> bool:
+    """A watch: `?watch=true` (or 1) on a collection, or the legacy `/watch/` path prefix."""
+    flag = request.query.get("watch")
+    if flag is not None and flag.lower() in ("true", "1"):
+        return True
+    target = paths.parse(request.path)
+    return target is not None and target.watch_prefix

@@ -9,12 +9,16 @@ so the real kubernetes_asyncio client (or kubectl) works against it unchanged:
 
 Besides the API it serves /healthz, /readyz, /livez, and its own controls under /_emulator/:
 
-    GET    /_emulator/faults        the live fault rules
+    GET    /_emulator/faults        the live fault rules, and how many faulted requests are
+                                    still in flight
     POST   /_emulator/faults        add one: {"method", "path_regex", "delay_s", "status",
-                                    "times", "message"}; answers 201 with the rule and its id
+                                    "times", "message", "watch", "outlive_client"}; answers 201
+                                    with the rule and its id
     DELETE /_emulator/faults        remove them all
     DELETE /_emulator/faults/{id}   remove one
     POST   /_emulator/compact       forget the watch history (watches from older revisions get 410)
+    POST   /_emulator/expire-watches  compact, and end the live watches ({"resource": "pods"}, or
+                                    all) with an ERROR event carrying 410 Gone
 """
 
 from __future__ import annotations
@@ -119,6 +123,7 @@ class KubeEmulator:
         """End every watch, then close the server (in-flight requests get shutdown_timeout_s)."""
         runner, self._runner = self._runner, None
         self.store.close()
+        await self.faults.cancel_outliving()
         if runner is not None:
             await runner.cleanup()
             log.info("kube emulator stopped")
@@ -166,6 +171,18 @@ class KubeEmulator:
         """Forget the watch history; a watch from any earlier revision now gets 410."""
         return self.store.compact()
 
+    def expire_watches(self, resource: str | None = None) -> int:
+        """Compact, and end every live watch of `resource` (a plural such as "pods"; None for
+        all) with an ERROR event carrying 410 Gone, so its client must relist. Returns how
+        many watches were ended."""
+        bucket = None
+        if resource is not None:
+            kinds = [k for (_, plural), k in BY_PATH.items() if plural == resource]
+            if not kinds:
+                raise ValueError(f"unknown resource {resource!r}")
+            bucket = kinds[0].bucket
+        return self.store.expire_watches(bucket)
+
     # --- HTTP ----------------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
@@ -178,6 +195,7 @@ class KubeEmulator:
         router.add_route("*", ADMIN_PREFIX + "faults", self._faults_collection)
         router.add_delete(ADMIN_PREFIX + "faults/{id}", self._fault_delete)
         router.add_post(ADMIN_PREFIX + "compact", self._compact)
+        router.add_post(ADMIN_PREFIX + "expire-watches", self._expire_watches)
         router.add_route("*", "/{tail:.*}", self._api)
         return app
 
@@ -217,7 +235,12 @@ class KubeEmulator:
 
     async def _faults_collection(self, request: web.Request) -> web.Response:
         if request.method == "GET":
-            return json_response({"rules": [rule.to_json() for rule in self.faults.rules()]})
+            return json_response(
+                {
+                    "rules": [rule.to_json() for rule in self.faults.rules()],
+                    "in_flight": self.faults.in_flight,
+                }
+            )
         if request.method == "POST":
             try:
                 rule = self.faults.add_json(await _read_json(request))
@@ -237,6 +260,17 @@ class KubeEmulator:
 
     async def _compact(self, _request: web.Request) -> web.Response:
         return json_response({"dropped": self.compact(), "revision": self.store.revision})
+
+    async def _expire_watches(self, request: web.Request) -> web.Response:
+        body = await _read_json(request) if request.can_read_body else {}
+        resource = body.get("resource") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or not isinstance(resource, str | None):
+            raise errors.bad_request('expected {"resource": "<plural>"} or no body')
+        try:
+            expired = self.expire_watches(resource)
+        except ValueError as error:
+            raise errors.bad_request(str(error)) from None
+        return json_response({"expired": expired, "revision": self.store.revision})
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET":

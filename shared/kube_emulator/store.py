@@ -4,7 +4,9 @@ Like etcd under the API server, every write (to any resource) takes the next rev
 becomes the object's `metadata.resourceVersion`; a list reports the revision it was read at; and
 a watch started from a revision replays every later change from the log, in order, before
 following live ones. A watch from a revision the log no longer holds fails with TooOld (the API
-server's 410), which is what forces real clients to relist; `compact()` makes that testable.
+server's 410), which is what forces real clients to relist; `compact()` makes that testable, and
+`expire_watches()` also ends the live watches with that 410 (as an API server does when a
+watcher falls out of its watch cache's window).
 
 Everything here is synchronous: within one event loop, a read-check-write sequence that does not
 await is atomic, so preconditions need no locks. Objects are copied on the way in and out, so no
@@ -41,6 +43,13 @@ class TooOld(Exception):
 
 class TooNew(Exception):
     """A watch from a revision the store has not reached yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """The end of a live watch the server can no longer serve: its client must relist."""
+
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +192,17 @@ class Store:
         self._compacted_through = self._revision
         return dropped
 
+    def expire_watches(self, bucket: str | None = None) -> int:
+        """Compact, then end every live watch of `bucket` (all when None) with an Expiry, so
+        each of their clients gets a 410 and must relist; returns how many were ended."""
+        self.compact()
+        expired = [w for w in self._watchers if bucket is None or w.bucket == bucket]
+        message = f"too old resource version: watch compacted at {self._compacted_through}"
+        for watcher in expired:
+            watcher.expire(message)
+            self._watchers.discard(watcher)
+        return len(expired)
+
     def close(self) -> None:
         """End every watch (each gets a final None) and refuse new ones from now on."""
         self._closed = True
@@ -216,14 +236,19 @@ class Store:
 
 
 class Watcher:
-    """Changes of one bucket in revision order; None marks the end (the store closed)."""
+    """Changes of one bucket in revision order; None marks the end (the store closed), an
+    Expiry the end of a watch that must be restarted from a fresh list."""
 
     def __init__(self, store: Store, bucket: str, namespace: str | None) -> None:
         self._store = store
         self._bucket = bucket
         self._namespace = namespace
         # Unbounded: writes must never wait for a slow watcher; a real API server would drop it.
-        self._queue: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Change | Expiry | None] = asyncio.Queue()
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
 
     def offer(self, change: Change | None) -> None:
         if change is None or (
@@ -236,7 +261,11 @@ class Watcher:
         """Whether a change is waiting (a bookmark is only safe when none is)."""
         return not self._queue.empty()
 
-    async def next(self) -> Change | None:
+    def expire(self, message: str) -> None:
+        """End this watch after what is queued: its client gets a 410 and must relist."""
+        self._queue.put_nowait(Expiry(message))
+
+    async def next(self) -> Change | Expiry | None:
         return await self._queue.get()
 
     def close(self) -> None:

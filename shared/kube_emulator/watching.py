@@ -5,7 +5,8 @@ applied to both sides of every change, as the watch cache does: an object that s
 arrives as ADDED, and one that stops matching leaves as DELETED (its last matching state at the
 change's revision), so a selective watcher's view stays consistent with a selective list.
 A watch ends at timeoutSeconds (the client then re-watches from the last revision it saw), when
-the client goes away, or when the emulator stops.
+the client goes away, when the emulator stops, or with an ERROR event carrying a 410 Status when
+the store expired it (the client must then list again).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from . import errors
 from .objects import JSONDict, metadata
 from .registry import matches
 from .resources import ResourceKind
 from .selectors import FieldSelector, LabelSelector
-from .store import Change, Store, Watcher
+from .store import Change, Expiry, Store, Watcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,10 @@ async def serve(
                     change = await _next_or_bookmark(response, kind, store, watcher, options)
                     if change is None:
                         break  # the emulator is stopping
+                    if isinstance(change, Expiry):
+                        expired = errors.expired(change.message).status
+                        await response.write(event_line("ERROR", expired))
+                        break
                     line = visible_event(kind, change, options)
                     if line is not None:
                         await response.write(line)
@@ -101,7 +107,7 @@ async def _next_or_bookmark(
     store: Store,
     watcher: Watcher,
     options: WatchOptions,
-) -> Change | None:
+) -> Change | Expiry | None:
     if not options.bookmarks:
         return await watcher.next()
     while True:

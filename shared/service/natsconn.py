@@ -3,6 +3,12 @@
 nats-py gives up on a connection the server closed for a protocol error (an over-long control
 line, say) and never reconnects: such a connection is closed for good. `on_closed` is called
 then, unless the service itself is closing it, so the service can fail readiness and exit.
+
+nats-py's message parser also splits protocol lines on any ASCII whitespace, while nats-server
+separates arguments with spaces and tabs only: a subject token holding a form feed or a vertical
+tab (which any client may publish to a wildcard subscription) made the parser fail, dropping the
+service's connection and the requests in flight. `harden_parser` makes the client split the way
+the server does, so such a message arrives whole and is refused like any other bad subject.
 """
 
 from __future__ import annotations
@@ -10,14 +16,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
+from nats.micro.service import Service
+from nats.protocol import parser
 
 log = logging.getLogger("numafit.nats")
 
 ReconnectHook = Callable[[], Awaitable[None]]
+
+_SEP = rb"[ \t]+"
+_ARG = rb"([^ \t\r\n]+)"
+# The group numbering of nats-py's own expressions is kept: subject, sid, (reply + separator),
+# reply, [header size,] size.
+_REPLY = rb"(" + _ARG + _SEP + rb")?"
+_MSG_RE = re.compile(rb"\AMSG" + _SEP + _ARG + _SEP + _ARG + _SEP + _REPLY + rb"(\d+)\r\n")
+_HMSG_RE = re.compile(
+    rb"\AHMSG" + _SEP + _ARG + _SEP + _ARG + _SEP + _REPLY + rb"(\d+)" + _SEP + rb"(\d+)\r\n"
+)
+
+
+def harden_parser() -> None:
+    """Parse MSG/HMSG lines as nats-server writes them (arguments split on space and tab)."""
+    parser.MSG_RE = _MSG_RE
+    parser.HMSG_RE = _HMSG_RE
+
+
+harden_parser()
 
 DRAIN_TIMEOUT = 2.0
 """Seconds a drain at shutdown may take (nats-py's default is 30, past any grace period)."""
@@ -98,6 +126,17 @@ async def connect(
             return nc
     except TimeoutError as exc:
         raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
+
+
+async def stop_service(service: Service | None) -> None:
+    """Stop a `nats.micro` service; on a connection already closed (the reason the service is
+    stopping) there is nothing to unsubscribe, and in-flight requests must still finish."""
+    if service is None:
+        return
+    try:
+        await service.stop()
+    except Exception as exc:
+        log.info("service endpoints not stopped cleanly", extra={"error": repr(exc)[:200]})
 
 
 async def close(nc: Client) -> None:

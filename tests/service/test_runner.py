@@ -71,7 +71,10 @@ async def readyz(port: int) -> int:
         return response.status
 
 
-async def run_probe(url: str, eternal: bool = False) -> tuple[asyncio.Task[None], Probe, int]:
+async def run_probe(
+    url: str, eternal: bool = False, stop: asyncio.Event | None = None
+) -> tuple[asyncio.Task[None], Probe, int]:
+    """`serve` a Probe until it is ready; `stop` given: it stands in for SIGTERM."""
     port = free_port()
     made: list[Probe] = []
     readiness = Readiness("probe")
@@ -83,7 +86,7 @@ async def run_probe(url: str, eternal: bool = False) -> tuple[asyncio.Task[None]
         return made[0]
 
     task = asyncio.create_task(
-        serve("probe", settings(url, port), factory, readiness, use_kube=False)
+        serve("probe", settings(url, port), factory, readiness, stop, use_kube=False)
     )
     async with asyncio.timeout(10):
         while not made or not readiness.ready:  # noqa: ASYNC110 - state of the task under test
@@ -149,57 +152,27 @@ async def test_an_eternal_task_that_ends_stops_the_service(nats_url: str) -> Non
 
 
 async def test_a_plain_stop_is_clean(nats_url: str) -> None:
-    port = free_port()
-    readiness = Readiness("probe")
     stop = asyncio.Event()
-    made: list[Probe] = []
-
-    def factory(
-        nc: Client, _kube: Kube | None, _registry: CollectorRegistry, ready: Readiness
-    ) -> Probe:
-        made.append(Probe(nc, ready, eternal=True))
-        return made[0]
-
-    task = asyncio.create_task(
-        serve("probe", settings(nats_url, port), factory, readiness, stop, use_kube=False)
-    )
-    async with asyncio.timeout(10):
-        while not readiness.ready:  # noqa: ASYNC110 - state of the task under test
-            await asyncio.sleep(0.01)
+    task, probe, _ = await run_probe(nats_url, eternal=True, stop=stop)
     stop.set()
     async with asyncio.timeout(5):
         await task  # no ServiceFailed: the eternal task was cancelled by the stop, not ended
-    assert made[0].stopped and readiness.failure is None
+    assert probe.stopped and probe.readiness.failure is None
 
 
 async def test_sigterm_finishes_within_one_grace_period(nats_url: str) -> None:
     """A stop that would take forever (a request stuck on a dead API server) is cut at the
     grace period; the connection is still drained and the loop returns."""
-    port = free_port()
-    readiness = Readiness("probe")
     stop = asyncio.Event()
-    made: list[Probe] = []
-
-    def factory(
-        nc: Client, _kube: Kube | None, _registry: CollectorRegistry, ready: Readiness
-    ) -> Probe:
-        made.append(Probe(nc, ready, eternal=False))
-        return made[0]
-
-    task = asyncio.create_task(
-        serve("probe", settings(nats_url, port), factory, readiness, stop, use_kube=False)
-    )
-    async with asyncio.timeout(10):
-        while not readiness.ready:  # noqa: ASYNC110 - state of the task under test
-            await asyncio.sleep(0.01)
+    task, probe, port = await run_probe(nats_url, stop=stop)
     stuck = asyncio.Event()
 
     async def stop_forever(grace: float) -> None:
         await stuck.wait()
 
-    made[0].stop = stop_forever  # type: ignore[method-assign]
+    probe.stop = stop_forever  # type: ignore[method-assign]
     stop.set()
     # Bounded past the 2 s grace: the run loop must not wait for the stuck stop.
     async with asyncio.timeout(settings(nats_url, port).grace_seconds + 3):
         await task
-    assert made[0].nc.is_closed
+    assert probe.nc.is_closed

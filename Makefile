@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup test lint typecheck unit demo clean
+.PHONY: setup test lint typecheck imports unit demo clean
 
 setup: $(STAMP)
 
@@ -21,10 +21,14 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# The import contracts of pyproject.toml ([tool.importlinter]): the layers, services independent.
+imports: setup
+	$(VENV)/bin/lint-imports --no-cache --no-logo
+
 unit: setup
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck unit
+test: lint typecheck imports unit
 
 demo: setup
 	$(VENV)/bin/numafit demo

@@ -7,33 +7,89 @@ Run: PYTHONPATH=. .venv/bin/python scripts/time_refit_decision.py
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Any
 
+from shared.core import keys
 from shared.core.refit import decide_refit
 from shared.plan import load_case, run_plan
-from tests.builders import case, container, gpu, node, pod, refit_request
+
+
+def container(name: str, mem: int, cores: int) -> dict[str, Any]:
+    limits = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": str(mem),
+        "nvidia.com/gpucores": str(cores),
+    }
+    return {"name": name, "image": "x", "resources": {"limits": limits}}
 
 
 def build() -> dict[str, Any]:
-    gpus = [gpu(f"GPU-{i}", i // 4, mem=81920, count=40) for i in range(8)]
+    """A `numafit plan` case: 8 GPUs (NUMA 0: GPU-0..3, NUMA 1: GPU-4..7), 100 pods of an
+    init container, an app and a second app, each pod on one GPU; the refit asks to move pod
+    p0's app (on GPU-0) to NUMA 1's GPUs."""
+    gpus = [
+        {
+            "id": f"GPU-{i}",
+            "index": i,
+            "count": 40,
+            "devmem": 81920,
+            "devcore": 100,
+            "type": "NVIDIA A100-SXM4-80GB",
+            "numa": i // 4,
+            "mode": "hami-core",
+            "health": True,
+        }
+        for i in range(8)
+    ]
     pods = []
     for i in range(100):
         uuid = f"GPU-{i % 8}"
+        allocated = f"{uuid},NVIDIA,300,2:;{uuid},NVIDIA,500,3:;{uuid},NVIDIA,100,1:;"
+        annotations = {
+            keys.VGPU_NODE: "node-1",
+            keys.ALLOCATED: allocated,
+            keys.TO_ALLOCATE: f";{uuid},NVIDIA,500,3:;;",
+        }
         pods.append(
-            pod(
-                f"p{i}",
-                init=[container("init", 1, 300, 2)],
-                containers=[container("app", 1, 500, 3), container("side", 1, 100, 1)],
-                allocated=f"{uuid},NVIDIA,300,2:;{uuid},NVIDIA,500,3:;{uuid},NVIDIA,100,1:;",
-                to_allocate=f";{uuid},NVIDIA,500,3:;;",
-            )
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"p{i}",
+                    "namespace": "default",
+                    "uid": f"uid-{i}",
+                    "resourceVersion": "1",
+                    "annotations": annotations,
+                },
+                "spec": {
+                    "nodeName": "node-1",
+                    "initContainers": [container("init", 300, 2)],
+                    "containers": [container("app", 500, 3), container("side", 100, 1)],
+                },
+                "status": {"phase": "Pending"},
+            }
         )
-    target = pods[0]  # on GPU-0 (NUMA 0); kubelet allows NUMA 1's GPUs
-    return case(
-        node("node-1", gpus), pods, refit_request(target, 1, [f"GPU-{i}" for i in range(4, 8)])
-    )
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "node-1", "annotations": {keys.NODE_REGISTER: json.dumps(gpus)}},
+    }
+    request = {
+        "podUID": "uid-0",
+        "podNamespace": "default",
+        "podName": "p0",
+        "nodeName": "node-1",
+        "containerIndex": 1,
+        "containerName": "app",
+        "deviceType": "NVIDIA",
+        "allowedDeviceUUIDs": [f"GPU-{i}" for i in range(4, 8)],
+        "mode": "best-effort",
+        "timeoutMs": 2000,
+    }
+    return {"node": node, "pods": pods, "request": request}
 
 
 def measure(fn: Any, rounds: int) -> list[float]:

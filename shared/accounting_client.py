@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client
 
-from shared import subjects
+from shared import messages, subjects
+from shared.messages import AccountingReply, AccountingRequest, NodeStateWire, SnapshotReply
 from shared.wire import WireError, dumps, loads_object
+
+R = TypeVar("R", bound=AccountingReply)
 
 
 class AccountingUnavailable(Exception):
@@ -60,7 +64,44 @@ class AccountingClient:
         if node != subjects.ALL_NODES:
             payload.setdefault("node", node)
         payload["deadlineMs"] = max(int((budget - margin) * 1000), 0)
-        data = dumps(payload)
+        data = await self._roundtrip(op, subject, dumps(payload), budget)
+        # Accounting answers every request, refusals included, with a JSON object; anything else
+        # (an empty nats.micro error reply, say) is no answer the caller can use.
+        try:
+            return dict(loads_object(data, f"accounting {op} reply"))
+        except WireError as exc:
+            raise AccountingUnavailable(str(exc)) from exc
+
+    async def ask(
+        self,
+        request: AccountingRequest,
+        reply_type: type[R],
+        budget: float | None = None,
+        *,
+        margin: float = REPLY_MARGIN,
+    ) -> R:
+        """One typed operation: `request` (its `node` names the subject; a snapshot of every
+        node has none), answered with a `reply_type` within `budget` seconds, or
+        `AccountingUnavailable`. `deadlineMs` is set here, `margin` short of the budget."""
+        budget = self.default_timeout if budget is None else budget
+        node = getattr(request, "node", None)
+        subject = (
+            subjects.accounting(request.OP, node)
+            if isinstance(node, str)
+            else subjects.accounting(request.OP, subjects.ALL_NODES)
+        )
+        if budget <= 0:
+            raise AccountingUnavailable(f"no budget left to ask {subject}")
+        request = msgspec.structs.replace(
+            request, deadline_ms=max(int((budget - margin) * 1000), 0)
+        )
+        data = await self._roundtrip(request.OP, subject, messages.encode(request), budget)
+        try:
+            return messages.decode(data, reply_type)
+        except messages.MessageError as exc:
+            raise AccountingUnavailable(str(exc)) from exc
+
+    async def _roundtrip(self, op: str, subject: str, data: bytes, budget: float) -> bytes:
         if len(data) > self.nc.max_payload:
             raise AccountingUnavailable(
                 f"{op} request of {len(data)} bytes exceeds the NATS limit of {self.nc.max_payload}"
@@ -79,15 +120,7 @@ class AccountingClient:
             raise AccountingUnavailable("NATS connection closed") from exc
         except nats.errors.OutboundBufferLimitError as exc:
             raise AccountingUnavailable("NATS reconnecting, outbound buffer full") from exc
-        if msg.headers and msg.headers.get("Nats-Service-Error-Code"):
-            raise AccountingUnavailable(
-                f"accounting error {msg.headers.get('Nats-Service-Error-Code')}: "
-                f"{subjects.shown(msg.headers.get('Nats-Service-Error', ''), 200)}"
-            )
-        try:
-            return dict(loads_object(msg.data, f"accounting {op} reply"))
-        except WireError as exc:
-            raise AccountingUnavailable(str(exc)) from exc
+        return bytes(msg.data)
 
     async def snapshot(
         self,
@@ -137,6 +170,46 @@ class AccountingClient:
                 if not reply.get("more"):
                     return {"ok": True, "epoch": epoch, "nodes": nodes}
                 following = str(reply.get("next", ""))
+                if following <= after:
+                    raise AccountingUnavailable("snapshot pages do not advance")
+                after = following
+        raise AccountingUnavailable("accounting kept restarting during a snapshot")
+
+    async def every_node(
+        self, *, budget: float | None = None, page: int = 200
+    ) -> tuple[str, list[NodeStateWire]]:
+        """Accounting's epoch and every node it knows, page by page (one NATS message cannot
+        hold a large cluster), all pages and restarts within one `budget`; starts over when
+        the epoch changes between pages (accounting restarted meanwhile), at most three times."""
+        total = self.default_timeout if budget is None else budget
+        deadline = time.monotonic() + total
+
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AccountingUnavailable(
+                    f"snapshot of every node did not finish in {total:.3f}s"
+                )
+            return remaining
+
+        for _ in range(3):
+            nodes: list[NodeStateWire] = []
+            after, epoch = "", None
+            while True:
+                reply = await self.ask(
+                    messages.SnapshotRequest(after=after, limit=page), SnapshotReply, left()
+                )
+                if not reply.ok:
+                    raise AccountingUnavailable(
+                        f"snapshot refused: {subjects.shown(reply.error or '', 200)}"
+                    )
+                if epoch is not None and reply.epoch != epoch:
+                    break  # accounting restarted between pages: start over
+                epoch = reply.epoch
+                nodes.extend(reply.nodes or ())
+                if not reply.more:
+                    return epoch or "", nodes
+                following = reply.next or ""
                 if following <= after:
                     raise AccountingUnavailable("snapshot pages do not advance")
                 after = following

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -31,13 +31,14 @@ from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn
-from shared.service.kube import api_client
 from shared.service.kube_io import Kube
 from shared.service.runner import settle_heap
+from shared.service.wiring import InProcess
+from svc_accounting import service as accounting_service
 from svc_accounting.ledger import Ledger
-from svc_accounting.service import AccountingService
-from svc_refit.service import RefitService
-from svc_scheduler.service import SchedulerService
+from svc_refit import service as refit_service
+from svc_scheduler import service as scheduler_service
+from svc_scheduler.service import SchedulerOptions, SchedulerService
 
 Progress = Callable[[str], None]
 
@@ -98,55 +99,33 @@ def summarize(samples: list[float], elapsed: float) -> dict[str, float]:
 async def _control_plane(
     objects: list[tuple[str, dict[str, Any]]], *, refit: bool, scheduler: bool, progress: Progress
 ) -> AsyncIterator[tuple[str, Kube, Client, SchedulerService | None]]:
-    closers: list[Callable[[], Awaitable[Any]]] = []
     with NatsServer() as server:
         async with KubeEmulator() as emulator:
             with tempfile.TemporaryDirectory() as tmp:
-                kubeconfig = str(emulator.write_kubeconfig(f"{tmp}/kubeconfig"))
-
-                async def kube(name: str) -> Kube:
-                    api = await api_client(kubeconfig)
-                    closers.append(api.close)
-                    return Kube(api, name)
-
-                async def nats(name: str) -> Client:
-                    nc = await natsconn.connect(server.url, name)
-                    closers.append(nc.close)
-                    return nc
-
-                admin = await kube("bench")
-                for number, (kind, obj) in enumerate(objects, 1):
-                    if kind == "node":
-                        await admin.create_node(obj)
-                    else:
-                        await admin.create_pod("bench", obj)
-                    if number % 500 == 0:
-                        progress(f"created {number}/{len(objects)} objects")
-                services: list[Any] = []
-                accounting = AccountingService(await nats("accounting"), await kube("accounting"))
-                await accounting.start()
-                services.append(accounting)
-                if refit:
-                    service = RefitService(await nats("refit"), await kube("refit"))
-                    await service.start()
-                    services.append(service)
-                extender = None
-                if scheduler:
-                    extender = SchedulerService(
-                        await nats("scheduler"), await kube("scheduler"), host="127.0.0.1", port=0
-                    )
-                    await extender.start()
-                    await extender.read_model.ready.wait()
-                    services.append(extender)
-                settle_heap()  # as the service runner does after start-up
+                kubeconfig = emulator.write_kubeconfig(f"{tmp}/kubeconfig")
+                # The services as `numafit run` wires each: own connection, client, registry.
+                wiring = InProcess(server.url, kubeconfig)
                 try:
-                    yield server.url, admin, await nats("bench-client"), extender
+                    admin = await wiring.kube("bench")
+                    for number, (kind, obj) in enumerate(objects, 1):
+                        if kind == "node":
+                            await admin.create_node(obj)
+                        else:
+                            await admin.create_pod("bench", obj)
+                        if number % 500 == 0:
+                            progress(f"created {number}/{len(objects)} objects")
+                    await wiring.start(accounting_service.spec())
+                    if refit:
+                        await wiring.start(refit_service.spec())
+                    extender = None
+                    if scheduler:
+                        options = SchedulerOptions(host="127.0.0.1", port=0)
+                        extender = await wiring.start(scheduler_service.spec(options))
+                        await extender.read_model.ready.wait()
+                    settle_heap()  # as the service runner does after start-up
+                    yield server.url, admin, await wiring.nats("bench-client"), extender
                 finally:
-                    for service in reversed(services):
-                        await service.stop(1.0)
-                    for close in reversed(closers):
-                        with contextlib.suppress(Exception):
-                            await close()
+                    await wiring.close(1.0)
 
 
 async def bench_round_trips(requests: int, concurrency: int, progress: Progress) -> dict[str, Any]:

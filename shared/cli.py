@@ -1,6 +1,15 @@
-"""The `numafit` command line: `plan`, `demo` (and, as services land, `run`, `simulate`, `bench`).
+"""The `numafit` command line (console script `numafit`, entry point `main`).
 
-Every command prints one clear line and exits 2 on bad input; no traceback reaches a user.
+    plan       one refit decision offline, from a case file (shared.plan)
+    run        one component: a service (accounting, refit, scheduler, deviceplugin) or an
+               emulator (kube-emulator, kubelet-emulator, sim-node), each with its own flags
+    simulate   the whole system on emulated nodes, and a report (shared.simulate)
+    demo       `simulate` on the bundled scenario, explained
+    bench      refit round trips, filter latency, accounting memory (shared.bench)
+
+The top layer of the code: it imports the services, the emulators and the simulation, each
+lazily by the command that needs it, and nothing imports it. Every command prints one clear
+line and exits 2 on bad input; no traceback reaches a user.
 """
 
 from __future__ import annotations

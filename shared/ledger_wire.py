@@ -75,10 +75,6 @@ def devices_from_wire(items: Any) -> tuple[DeviceInfo, ...]:
         raise WireError(f"devices: {exc}") from exc
 
 
-def usage_to_wire(node: NodeSnapshot) -> dict[str, dict[str, int]]:
-    return node.usage_table()
-
-
 @dataclass(frozen=True, slots=True)
 class NodeState:
     """One node as a reader sees it: inventory, revision and its tracked pods."""

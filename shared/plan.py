@@ -17,7 +17,8 @@ from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.config import CoreConfig, parse_config
 from shared.core.errors import CoreError
 from shared.core.fit import PICKED
-from shared.core.model import NodeSnapshot, Usage
+from shared.core.model import NodeSnapshot
+from shared.core.nodes import without_pod
 from shared.core.pods import pod_from_object
 from shared.core.quota import QuotaLedger, limits_from_quotas
 from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit, parse_refit_request
@@ -142,12 +143,7 @@ def run_plan(case: Case) -> PlanResult:
     )
     after = case.node
     if after is not None and decision.code is Code.MOVED and decision.stored_usage is not None:
-        target = case.pods[case.request.pod_uid]
-        after = after.copy()
-        for uuid, usage in target.usage.items():
-            device = after.by_uuid().get(uuid)
-            if device is not None:
-                device.subtract(Usage(usage.mem, usage.cores, max(usage.slots, 1)))
+        after = without_pod(after, case.pods[case.request.pod_uid].usage)
         after.add_pod_usage(decision.stored_usage)
     return PlanResult(case, decision, after)
 

@@ -6,15 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
-
-from shared.service.health import Readiness
-from shared.service.kube_io import Kube
-from shared.service.runner import run, serve
+from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
-from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.service import AccountingService
+from svc_accounting.service import AccountingOptions, spec
 
 
 def build_parser(prog: str = "numafit run accounting") -> argparse.ArgumentParser:
@@ -49,26 +43,10 @@ def build_parser(prog: str = "numafit run accounting") -> argparse.ArgumentParse
 def main(argv: Sequence[str] | None = None, prog: str = "numafit run accounting") -> int:
     args = build_parser(prog).parse_args(argv)
     settings = common_from_args(args)
-    readiness = Readiness("ledger", "nats")
-
-    def factory(
-        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
-    ) -> AccountingService:
-        assert kube is not None
-        return AccountingService(
-            nc,
-            kube,
-            metrics=AccountingMetrics(registry),
-            readiness=ready,
-            quota_resync_seconds=args.quota_resync_seconds,
-            write_timeout=args.write_timeout,
-        )
-
-    return run(
-        serve("numafit-accounting", settings, factory, readiness),
-        settings.log_level,
-        settings.log_format,
+    options = AccountingOptions(
+        quota_resync_seconds=args.quota_resync_seconds, write_timeout=args.write_timeout
     )
+    return run(serve_spec(spec(options), settings), settings.log_level, settings.log_format)
 
 
 if __name__ == "__main__":

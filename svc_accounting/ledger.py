@@ -8,7 +8,7 @@ callers (scheduler, refit) can tell whether their decision is still current.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,8 +257,3 @@ def pending_entries(tracked: TrackedPod) -> list[dict[str, Any]]:
         for i, entry in enumerate(rows)
         if entry and i < len(names)
     ]
-
-
-def iter_usage(nodes: Iterable[NodeLedger]) -> Iterator[tuple[str, int, dict[str, dict[str, int]]]]:
-    for node in nodes:
-        yield node.name, node.revision, node.usage_table()

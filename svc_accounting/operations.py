@@ -100,9 +100,6 @@ class Outcome:
     changed: set[str]
 
 
-Publisher = Callable[[set[str]], Awaitable[None]]
-
-
 def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
     rows = tracked.pending_rows
     return rows[index] if rows is not None and 0 <= index < len(rows) else None
@@ -465,12 +462,7 @@ class Operations:
             ("toAllocate", tracked.to_allocate or "", new_pending),
             ("allocated", tracked.allocated or "", new_allocated),
         ):
-            old_pieces, new_pieces = old_raw.split(";"), new_raw.split(";")
-            if len(old_pieces) != len(new_pieces) or any(
-                a != b
-                for i, (a, b) in enumerate(zip(old_pieces, new_pieces, strict=True))
-                if i != index
-            ):
+            if not codec.only_entry_changed(old_raw, new_raw, index):
                 raise Refused(
                     "invalid_request", f"{label} changes more than container {index}'s entry"
                 )

@@ -8,8 +8,9 @@ published on `numafit.usage.v1.<node>`; a deleted node is published once more wi
 
 The watches are the service's job itself: each is an eternal task that relists after a 410 and
 retries failed lists and watches with backoff, forever. Should one ever end anyway, readiness
-fails for good and the process exits 1 (TaskSet's `on_fatal`), so a frozen ledger never keeps
-answering.
+fails for good and the process exits 1 (the supervisor's `on_fatal`), so a frozen ledger
+never keeps answering. Requests, the watches and the drift Events are all children of the
+service's one supervisor.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.micro
 from nats.aio.client import Client
 from nats.micro.request import Request
 from nats.micro.service import Service
+from prometheus_client import CollectorRegistry
 
 from shared import subjects
 from shared.core.config import CoreConfig
@@ -31,10 +34,12 @@ from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
 from shared.service import kube_io, natsconn
+from shared.service.backoff import Backoff
+from shared.service.events import EventRecorder
 from shared.service.health import Readiness
-from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
-from shared.service.tasks import TaskSet
+from shared.service.supervisor import Supervisor
+from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from shared.wire import WireError, dumps, loads_object
 from svc_accounting.ledger import Ledger, NodeLedger
@@ -43,25 +48,52 @@ from svc_accounting.operations import Operations, bounded
 
 log = logging.getLogger("numafit.accounting")
 
+NAME = "numafit-accounting"
 VERSION = "0.1.0"
+CONDITIONS = ("ledger", "nats")
 
 EVENT_TIMEOUT = 2.0
 """Longest the drift Event may take to record (it is informational: never worth waiting on)."""
-BACKOFF_START = 0.2
-BACKOFF_MAX = 5.0
 WATCH_KINDS = ("pods", "nodes", "resourcequotas")
 
 
-class _Backoff:
-    def __init__(self) -> None:
-        self.delay = BACKOFF_START
+@dataclass(frozen=True, slots=True)
+class AccountingOptions:
+    """What `numafit run accounting` takes beyond the common flags."""
 
-    async def wait(self) -> None:
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, BACKOFF_MAX)
+    config: CoreConfig = field(default_factory=CoreConfig)
+    quota_resync_seconds: float = 30.0
+    """Seconds: ResourceQuotas are watched; the quota watch is renewed at least this often."""
+    write_timeout: float = 2.0
+    """Seconds one API write may take."""
+    event_timeout: float = EVENT_TIMEOUT
+    """Seconds the drift Event may take to record."""
+    watch_timeout_seconds: int = 300
+    """Seconds one watch request lasts before it is renewed (the API server's timeout)."""
 
-    def reset(self) -> None:
-        self.delay = BACKOFF_START
+
+def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingService]:
+    """How every caller (`numafit run`, simulate, bench, the test harnesses) builds it."""
+    chosen = options if options is not None else AccountingOptions()
+
+    def build(
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
+    ) -> AccountingService:
+        if kube is None:
+            raise ValueError("accounting needs a Kubernetes client")
+        return AccountingService(
+            nc,
+            kube,
+            config=chosen.config,
+            metrics=AccountingMetrics(registry),
+            readiness=readiness,
+            quota_resync_seconds=chosen.quota_resync_seconds,
+            write_timeout=chosen.write_timeout,
+            event_timeout=chosen.event_timeout,
+            watch_timeout_seconds=chosen.watch_timeout_seconds,
+        )
+
+    return ServiceSpec(NAME, CONDITIONS, build)
 
 
 class AccountingService:
@@ -82,28 +114,32 @@ class AccountingService:
         self.kube = kube
         self.config = config or CoreConfig()
         self.metrics = metrics or AccountingMetrics()
-        self.readiness = readiness or Readiness("ledger", "nats")
+        self.readiness = readiness or Readiness(*CONDITIONS)
+        self.supervisor = Supervisor("accounting", on_fatal=self.readiness.fail)
+        self.events = EventRecorder(
+            kube, self.supervisor, timeout=event_timeout, task_name="drift-event", logger=log
+        )
         self.ledger = Ledger()
         self.ops = Operations(
             self.ledger, kube, write_timeout=write_timeout, on_drift=self._record_drift
         )
         self.quota_resync_seconds = quota_resync_seconds
         """ResourceQuotas are watched; the quota watch is renewed at least this often."""
-        self.event_timeout = event_timeout
         self.watch_timeout_seconds = watch_timeout_seconds
         self._service: Service | None = None
-        self.tasks = TaskSet(on_fatal=self.readiness.fail)
-        self.inflight = InFlight()
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.supervisor.start()
         versions = await self.rebuild()
         self.readiness.set("ledger")
         for kind in WATCH_KINDS:
-            self.tasks.spawn(self._watch_loop(kind, versions[kind]), f"watch-{kind}", eternal=True)
+            self.supervisor.spawn(
+                self._watch_loop(kind, versions[kind]), f"watch-{kind}", eternal=True
+            )
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -129,13 +165,12 @@ class AccountingService:
         )
 
     async def stop(self, grace: float) -> None:
-        """Stop taking requests, finish in-flight ones within `grace`, stop background work
-        (event recording included: nothing outlives shutdown)."""
+        """Stop taking requests, then one grace period for the rest: in-flight requests and
+        drift Events finish, the watches are cancelled (nothing outlives shutdown)."""
         self.readiness.draining = True
         service, self._service = self._service, None
         await natsconn.stop_service(service)
-        await self.inflight.wait_idle(grace)
-        await self.tasks.stop()
+        await self.supervisor.stop(grace)
 
     async def on_reconnect(self) -> None:
         """Readers may have missed updates while the connection was down: republish all."""
@@ -171,7 +206,7 @@ class AccountingService:
         """Follow one kind forever: watch from `resource_version`; after a 410 (or with no
         version) relist first. Every failure, of the list or of the watch, is retried with
         backoff; only cancellation ends the loop."""
-        backoff = _Backoff()
+        backoff = Backoff()
         while True:
             try:
                 if resource_version is None:
@@ -333,7 +368,7 @@ class AccountingService:
 
     def _handler(self, op: str) -> Any:
         async def handle(request: Request) -> None:
-            await self.inflight.spawn(self._serve(op, request), name=f"accounting-{op}")
+            await self.supervisor.request(self._serve(op, request), name=f"accounting-{op}")
 
         return handle
 
@@ -375,22 +410,9 @@ class AccountingService:
             "allocation differs from reservation",
             extra={"pod": pod.key, "detail": bounded(message)},
         )
-        timeout = self.event_timeout
-
-        async def record() -> None:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self.kube.create_event(
-                        {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
-                        "Warning",
-                        "AllocationDiffersFromReservation",
-                        message,
-                    )
-            except (TimeoutError, kube_io.KubeError) as exc:
-                log.warning(
-                    "event not recorded", extra={"pod": pod.key, "error": bounded(repr(exc))}
-                )
-
-        if self.tasks.stopping:
-            return  # shutting down: an Event must not outlive the service
-        self.tasks.spawn(record(), "drift-event")
+        self.events.record(
+            {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+            "Warning",
+            "AllocationDiffersFromReservation",
+            message,
+        )

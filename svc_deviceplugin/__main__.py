@@ -8,13 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
-
 from shared import subjects
-from shared.service.health import Readiness
-from shared.service.kube_io import Kube
-from shared.service.runner import run, serve
+from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
 from svc_deviceplugin.config import HamiCorePaths, PluginConfig
 from svc_deviceplugin.discovery import (
@@ -24,8 +19,7 @@ from svc_deviceplugin.discovery import (
     SimulatedBackend,
     inventory_lines,
 )
-from svc_deviceplugin.metrics import PluginMetrics
-from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.service import PluginOptions, spec
 
 
 def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentParser:
@@ -131,20 +125,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugi
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     settings = common_from_args(args)
-    readiness = Readiness("registered")
-
-    def factory(
-        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
-    ) -> DevicePluginService:
-        return DevicePluginService(
-            config, nc, backend, metrics=PluginMetrics(registry), readiness=ready
-        )
-
-    return run(
-        serve("numafit-deviceplugin", settings, factory, readiness, use_kube=False),
-        settings.log_level,
-        settings.log_format,
-    )
+    options = PluginOptions(config=config, backend=backend)
+    return run(serve_spec(spec(options), settings), settings.log_level, settings.log_format)
 
 
 def _config(args: argparse.Namespace) -> PluginConfig:

@@ -17,7 +17,6 @@ is recorded after kubelet has its answer, by a background task.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -34,8 +33,9 @@ from shared.core.errors import CoreError
 from shared.core.pods import Alignment, parse_alignment
 from shared.core.refit import RefitRequest
 from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, select_replicas
+from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
-from shared.service.tasks import TaskSet
+from shared.service.supervisor import Supervisor
 from shared.subjects import shown
 from shared.wire import WireError, dumps, loads_object
 from svc_deviceplugin.config import PluginConfig
@@ -83,14 +83,14 @@ class Allocator:
         nc: Client,
         metrics: PluginMetrics,
         known_gpus: frozenset[str],
-        tasks: TaskSet | None = None,
+        tasks: Supervisor,
     ) -> None:
         self.config = config
         self.nc = nc
         self.accounting = AccountingClient(nc, config.accounting_timeout)
         self.metrics = metrics
         self.known = known_gpus
-        self.tasks = tasks if tasks is not None else TaskSet()
+        self.tasks = tasks
         """Owns the background work that outlives a kubelet call (late bind-phase records)."""
         self.fallbacks: set[tuple[str, int]] = set()
         """(pod UID, container index) admitted on kubelet's choice after a best-effort
@@ -320,10 +320,11 @@ class Allocator:
         return code not in ("deadline_exceeded", "conflict", "api_error")
 
     async def _record_failed_later(self, uid: str) -> None:
-        for attempt in range(LATER_ATTEMPTS):
+        backoff = Backoff()
+        for _ in range(LATER_ATTEMPTS):
             if await self._record_failed(uid, self.config.accounting_timeout):
                 return
-            await asyncio.sleep(0.2 * 2**attempt)
+            await backoff.wait()
         log.error("bind-phase failed never recorded", extra={"pod_uid": uid})
 
     # --- Allocate ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from svc_refit.metrics import LATENCY_BUCKETS
+from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
 
 REFIT_RESULTS: dict[str, tuple[str, ...]] = {
     "none": ("no_mismatch", "not_opted_in"),
@@ -82,7 +82,7 @@ class PluginMetrics:
         self.refit_duration = Histogram(
             "numafit_deviceplugin_refit_duration_seconds",
             "Refit round trip as the plugin sees it.",
-            buckets=LATENCY_BUCKETS,
+            buckets=REFIT_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.allocations = Counter(
@@ -101,7 +101,7 @@ class PluginMetrics:
             "Wall time of kubelet's calls into the plugin, every hop included (bounded by "
             "--refit-timeout-ms plus a small margin).",
             ["method"],
-            buckets=LATENCY_BUCKETS,
+            buckets=REFIT_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.deadline_exceeded = Counter(

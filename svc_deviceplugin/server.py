@@ -23,6 +23,7 @@ import grpc
 from grpc import aio
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
+from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
 from shared.subjects import shown
 from svc_deviceplugin.allocator import AdmissionRefused, Allocator, ContainerPreference
@@ -250,7 +251,7 @@ class PluginServer:
                 self.config.socket_path.unlink()
 
     async def _run(self, stop: asyncio.Event) -> None:
-        backoff = 0.2
+        backoff = Backoff()
         while not stop.is_set():
             if _inode(self.config.kubelet_socket) is None:
                 await _wait(stop, self.config.watch_interval)
@@ -265,10 +266,9 @@ class PluginServer:
                     "registration failed; retrying", extra={"error": shown(str(detail), 200)}
                 )
                 await self._stop_serving()
-                await _wait(stop, backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.wait(stop)
                 continue
-            backoff = 0.2
+            backoff.reset()
             self.metrics.registrations.inc()
             self.registered.set()
             log.info(

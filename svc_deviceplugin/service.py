@@ -4,8 +4,9 @@ The plugin talks only to kubelet (gRPC) and NATS: the pending pod, allocations a
 inventory all go through accounting, so a node's credentials never include pod writes.
 
 Its loops (the plugin server with its kubelet re-registration watch, the inventory writer, the
-GPU health watch, the reconcile loop) are eternal tasks: if one ever ends while the plugin is
-not stopping, readiness fails for good and the process exits 1 for Kubernetes to restart it.
+GPU health watch, the reconcile loop) are eternal tasks of the plugin's one supervisor: if one
+ever ends while the plugin is not stopping, readiness fails for good and the process exits 1 for
+Kubernetes to restart it.
 
 GPU health: the backend's health watch (NVML XID events, or injected ones on simulated GPUs)
 is read in a worker thread. An XID other than the application ones marks its GPU unhealthy for
@@ -21,15 +22,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core import codec
+from shared.service.backoff import Backoff
 from shared.service.health import Readiness
-from shared.service.tasks import TaskSet
+from shared.service.kube_io import Kube
+from shared.service.supervisor import Supervisor
+from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from svc_deviceplugin.allocator import Allocator
 from svc_deviceplugin.config import PluginConfig
@@ -48,6 +53,39 @@ log = logging.getLogger("numafit.deviceplugin")
 
 T = TypeVar("T")
 
+NAME = "numafit-deviceplugin"
+CONDITIONS = ("registered",)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    """What `numafit run deviceplugin` takes beyond the common flags."""
+
+    config: PluginConfig
+    backend: GpuBackend
+    """NVML, or simulated GPUs (`--topology`)."""
+    reconcile_interval: float = 30.0
+    """Seconds between two checks of which pods accounting still tracks."""
+
+
+def spec(options: PluginOptions) -> ServiceSpec[DevicePluginService]:
+    """How every caller (`numafit run`, simulate, the test stacks) builds it. The plugin talks
+    only to kubelet and NATS: no Kubernetes client."""
+
+    def build(
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
+    ) -> DevicePluginService:
+        return DevicePluginService(
+            options.config,
+            nc,
+            options.backend,
+            metrics=PluginMetrics(registry),
+            readiness=readiness,
+            reconcile_interval=options.reconcile_interval,
+        )
+
+    return ServiceSpec(NAME, CONDITIONS, build, use_kube=False)
+
 
 class DevicePluginService:
     def __init__(
@@ -64,14 +102,14 @@ class DevicePluginService:
         self.nc = nc
         self.backend = backend
         self.metrics = metrics or PluginMetrics()
-        self.readiness = readiness or Readiness("registered")
+        self.readiness = readiness or Readiness(*CONDITIONS)
         self.reconcile_interval = reconcile_interval
-        self.tasks = TaskSet(on_fatal=self.readiness.fail)
+        self.supervisor = Supervisor("deviceplugin", on_fatal=self.readiness.fail)
         self.gpus: list[GpuInfo] = backend.list_gpus()
         self.unhealthy: dict[str, str] = {}
         """GPUs marked unhealthy by a health event: uuid -> what was seen."""
         self.allocator = Allocator(
-            config, nc, self.metrics, frozenset(g.uuid for g in self.gpus), self.tasks
+            config, nc, self.metrics, frozenset(g.uuid for g in self.gpus), self.supervisor
         )
         self.servicer = DevicePluginServicer(self.allocator, self.replicas)
         self.server = PluginServer(config, self.servicer, self.metrics)
@@ -93,14 +131,15 @@ class DevicePluginService:
         return replicas(self.current_gpus(), self.config.replicas)
 
     async def start(self) -> None:
+        await self.supervisor.start()
         for coro, name in (
             (self.server.run(self._stop), "plugin-server"),
             (self._inventory_loop(), "inventory"),
             (self._health_loop(), "health"),
             (self._reconcile_loop(), "reconcile"),
         ):
-            self.tasks.spawn(coro, name, eternal=True)
-        self.tasks.spawn(self._ready(), "ready")
+            self.supervisor.spawn(coro, name, eternal=True)
+        self.supervisor.spawn(self._ready(), "ready", drain=False)
 
     async def _ready(self) -> None:
         await self.server.registered.wait()
@@ -109,7 +148,7 @@ class DevicePluginService:
     async def stop(self, grace: float) -> None:
         self.readiness.draining = True
         self._stop.set()
-        await self.tasks.stop(grace)
+        await self.supervisor.stop(grace)
         self.backend.close()
 
     async def on_reconnect(self) -> None:
@@ -123,7 +162,7 @@ class DevicePluginService:
         """Write the node's GPUs through accounting (HAMi's register annotation) whenever they
         change, retrying until accounting takes them: the plugin serves kubelet meanwhile.
         One writer, and each attempt sends the current state, so the newest always wins."""
-        backoff = 0.2
+        backoff = Backoff()
         while not self._stop.is_set():
             await self._inventory_changed.wait()
             self._inventory_changed.clear()
@@ -133,7 +172,7 @@ class DevicePluginService:
                 for d in register_devices(gpus, self.config.replicas, self.config.mig_mode)
             ]
             if await self._register(items):
-                backoff = 0.2
+                backoff.reset()
                 if not self._inventory_changed.is_set():
                     self.inventory_registered.set()
                 log.info(
@@ -145,8 +184,7 @@ class DevicePluginService:
                 )
                 continue
             self._inventory_changed.set()
-            await _wait(self._stop, backoff)
-            backoff = min(backoff * 2, 5.0)
+            await backoff.wait(self._stop)
 
     async def _register(self, items: list[dict[str, object]]) -> bool:
         try:

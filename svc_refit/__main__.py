@@ -7,16 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
-
 from shared.core.config import CoreConfig
-from shared.service.health import Readiness
-from shared.service.kube_io import Kube
-from shared.service.runner import run, serve
+from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
-from svc_refit.metrics import RefitMetrics
-from svc_refit.service import RefitService
+from svc_refit.service import RefitOptions, spec
 
 
 def build_parser(prog: str = "numafit run refit") -> argparse.ArgumentParser:
@@ -41,22 +35,8 @@ def build_parser(prog: str = "numafit run refit") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "numafit run refit") -> int:
     args = build_parser(prog).parse_args(argv)
     settings = common_from_args(args)
-    config = CoreConfig(gpu_scheduler_policy=args.gpu_scheduler_policy)
-    readiness = Readiness("nats")
-
-    def factory(
-        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
-    ) -> RefitService:
-        assert kube is not None
-        return RefitService(
-            nc, kube, config=config, metrics=RefitMetrics(registry), readiness=ready
-        )
-
-    return run(
-        serve("numafit-refit", settings, factory, readiness),
-        settings.log_level,
-        settings.log_format,
-    )
+    options = RefitOptions(config=CoreConfig(gpu_scheduler_policy=args.gpu_scheduler_policy))
+    return run(serve_spec(spec(options), settings), settings.log_level, settings.log_format)
 
 
 if __name__ == "__main__":

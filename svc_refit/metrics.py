@@ -9,9 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.core.refit import Code
-
-# Resolve 1 ms .. 2 s (the refit budget) with boundaries at the thresholds alerts use.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0)
+from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
 
 MODES = ("best-effort", "strict", "unknown")
 """`mode` label values: the request's mode, `unknown` when the request did not parse."""
@@ -35,7 +33,7 @@ class RefitMetrics:
         self.duration = Histogram(
             "numafit_refit_duration_seconds",
             "Refit handling time inside svc_refit, from receipt to reply.",
-            buckets=LATENCY_BUCKETS,
+            buckets=REFIT_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.commit_attempts = Counter(

@@ -27,6 +27,7 @@ import nats.micro
 from nats.aio.client import Client
 from nats.micro.request import Request
 from nats.micro.service import Service
+from prometheus_client import CollectorRegistry
 
 from shared import subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
@@ -44,12 +45,13 @@ from shared.core.refit import (
     parse_refit_request,
     refused,
 )
-from shared.service import kube_io, natsconn
+from shared.service import natsconn
+from shared.service.events import EventRecorder
 from shared.service.health import Readiness
-from shared.service.inflight import InFlight
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
-from shared.service.tasks import TaskSet
+from shared.service.supervisor import Supervisor
+from shared.service.wiring import ServiceSpec
 from shared.wire import WireError, dumps, loads_object
 from svc_refit.metrics import RefitMetrics
 from svc_refit.read_model import (
@@ -63,7 +65,9 @@ from svc_refit.read_model import (
 
 log = logging.getLogger("numafit.refit")
 
+NAME = "numafit-refit"
 VERSION = "0.1.0"
+CONDITIONS = ("nats",)
 MAX_BODY = 1 << 20  # HAMi reads request bodies through a 1 MiB limit
 MAX_REASON = 512
 """Longest failureReason a reply carries (anything echoed from input is cut well before)."""
@@ -120,6 +124,27 @@ class _Attempt:
         return self.deadline.remaining() - self.reserve
 
 
+@dataclass(frozen=True, slots=True)
+class RefitOptions:
+    """What `numafit run refit` takes beyond the common flags."""
+
+    config: CoreConfig = field(default_factory=CoreConfig)
+
+
+def spec(options: RefitOptions | None = None) -> ServiceSpec[RefitService]:
+    """How every caller (`numafit run`, simulate, bench, the test harnesses) builds it."""
+    chosen = options if options is not None else RefitOptions()
+
+    def build(
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
+    ) -> RefitService:
+        return RefitService(
+            nc, kube, config=chosen.config, metrics=RefitMetrics(registry), readiness=readiness
+        )
+
+    return ServiceSpec(NAME, CONDITIONS, build)
+
+
 class RefitService:
     def __init__(
         self,
@@ -134,15 +159,23 @@ class RefitService:
         self.kube = kube
         self.config = config or CoreConfig()
         self.metrics = metrics or RefitMetrics()
-        self.readiness = readiness or Readiness("nats")
+        self.readiness = readiness or Readiness(*CONDITIONS)
         self.accounting = AccountingClient(nc)
         self.read_model = ReadModel(nc, self.accounting, on_fetch=self.metrics.snapshots.inc)
         self._service: Service | None = None
-        self.tasks = TaskSet(on_fatal=self.readiness.fail)
-        self.inflight = InFlight()
-        self._events_pending = 0
+        self.supervisor = Supervisor("refit", on_fatal=self.readiness.fail)
+        self.events = EventRecorder(
+            kube,
+            self.supervisor,
+            timeout=EVENT_TIMEOUT,
+            limit=MAX_PENDING_EVENTS,
+            on_result=lambda result: self.metrics.events.labels(result).inc(),
+            task_name="refit-event",
+            logger=log,
+        )
 
     async def start(self) -> None:
+        await self.supervisor.start()
         await self.read_model.start()
         service = await nats.micro.add_service(
             self.nc,
@@ -165,9 +198,9 @@ class RefitService:
         self.readiness.draining = True
         service, self._service = self._service, None
         await natsconn.stop_service(service)
-        await self.inflight.wait_idle(grace)
+        # One grace period: requests finish, then the Events they record.
+        await self.supervisor.stop(grace)
         await self.read_model.stop()
-        await self.tasks.stop(grace)  # events still being recorded
 
     async def on_reconnect(self) -> None:
         """Usage updates may have been missed while disconnected: refetch before trusting."""
@@ -176,7 +209,7 @@ class RefitService:
     # --- one request ------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> None:
-        await self.inflight.spawn(self._serve(request), name="refit")
+        await self.supervisor.request(self._serve(request), name="refit")
 
     async def _serve(self, request: Request) -> None:
         started = time.perf_counter()
@@ -432,29 +465,7 @@ class RefitService:
 
     def _record_event(self, pod: dict[str, str], event: Event) -> None:
         """Record after the reply, bounded (EVENT_TIMEOUT) and capped (MAX_PENDING_EVENTS)."""
-        if self.kube is None:
-            return
-        if self._events_pending >= MAX_PENDING_EVENTS:
-            self.metrics.events.labels("dropped").inc()
-            return
-        kube = self.kube
-        self._events_pending += 1
-
-        async def record() -> None:
-            try:
-                async with asyncio.timeout(EVENT_TIMEOUT):
-                    await kube.create_event(pod, event.type, event.reason, _cut(event.message))
-                self.metrics.events.labels("recorded").inc()
-            except (TimeoutError, kube_io.KubeError) as exc:
-                self.metrics.events.labels("failed").inc()
-                log.warning(
-                    "event not recorded",
-                    extra={"pod": pod["name"], "error": _cut(str(exc) or "timed out", 200)},
-                )
-            finally:
-                self._events_pending -= 1
-
-        self.tasks.spawn(record(), "refit-event")
+        self.events.record(pod, event.type, event.reason, _cut(event.message))
 
 
 def _screen(request: RefitRequest, token: str) -> RefitDecision | None:

@@ -1,3 +1,7 @@
-"""numafit svc_scheduler: the kube-scheduler extender (filter, prioritize, bind) and the pods'
+"""svc_scheduler: the kube-scheduler extender (filter, prioritize, bind) and the pods'
 admission webhook, over HTTP(S), deciding on a read model of accounting's published usage.
-See svc_scheduler/README.md for the routes, flags and metrics."""
+
+Entry point: `numafit run scheduler` (`python -m svc_scheduler`, see `__main__`). Start
+reading at `service` (start, listen, stop), then `extender` (filter reserves through
+accounting) and `webhook`. svc_scheduler/README.md lists the routes, flags and metrics.
+"""

@@ -7,18 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
-
 from shared.core.config import CoreConfig
-from shared.service.health import Readiness
-from shared.service.kube_io import Kube
-from shared.service.runner import run, serve
+from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT
-from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import tls_context
-from svc_scheduler.service import HTTP, READ_MODEL, SchedulerService
+from svc_scheduler.service import SchedulerOptions, spec
 from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME
 
 DESCRIPTION = """\
@@ -120,29 +114,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run scheduler")
         node_scheduler_policy=args.node_scheduler_policy,
         default_gpu_num=args.default_gpu_num,
     )
-    readiness = Readiness(READ_MODEL, HTTP)
-
-    def factory(
-        nc: Client, kube: Kube | None, registry: CollectorRegistry, ready: Readiness
-    ) -> SchedulerService:
-        return SchedulerService(
-            nc,
-            kube,
-            config=config,
-            metrics=SchedulerMetrics(registry),
-            readiness=ready,
-            scheduler_name=args.scheduler_name,
-            host=args.listen_host,
-            port=args.listen_port,
-            ssl_context=ssl_context,
-            request_timeout=args.request_timeout,
-        )
-
-    return run(
-        serve("numafit-scheduler", settings, factory, readiness),
-        settings.log_level,
-        settings.log_format,
+    options = SchedulerOptions(
+        config=config,
+        scheduler_name=args.scheduler_name,
+        host=args.listen_host,
+        port=args.listen_port,
+        ssl_context=ssl_context,
+        request_timeout=args.request_timeout,
     )
+    return run(serve_spec(spec(options), settings), settings.log_level, settings.log_format)
 
 
 if __name__ == "__main__":

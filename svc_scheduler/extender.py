@@ -43,9 +43,10 @@ from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest, pod_requests
 from shared.service import kube_io
+from shared.service.events import EventRecorder
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
-from shared.service.tasks import TaskSet
+from shared.service.supervisor import Supervisor
 from shared.wire import WireError
 from svc_scheduler.extender_wire import (
     BindingArgs,
@@ -96,6 +97,7 @@ class Extender:
         metrics: SchedulerMetrics | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_attempts: int = MAX_ATTEMPTS,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.read_model = read_model
         self.accounting = accounting
@@ -105,11 +107,15 @@ class Extender:
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self._reserved: OrderedDict[str, str] = OrderedDict()
-        self.tasks = TaskSet()
-
-    async def drain(self, grace: float) -> None:
-        """Wait (bounded) for background work such as event recording."""
-        await self.tasks.stop(grace)
+        self.events = EventRecorder(
+            kube,
+            supervisor if supervisor is not None else Supervisor("extender"),
+            timeout=EVENT_TIMEOUT,
+            task_name="scheduler-event",
+            logger=log,
+        )
+        """Events (BindingFailed) recorded off the request path by the service's supervisor
+        (the stop bounds them); with no supervisor given, none is recorded."""
 
     # --- filter -----------------------------------------------------------------------------
 
@@ -395,21 +401,8 @@ class Extender:
             log.warning("bind phase failed not recorded", extra={"error": str(exc)[:300]})
 
     def _record_event(self, args: BindingArgs, event_type: str, reason: str, message: str) -> None:
-        if self.kube is None:
-            return
-        kube = self.kube
         pod = {"namespace": args.pod_namespace, "name": args.pod_name, "uid": args.pod_uid}
-
-        async def record() -> None:
-            try:
-                async with asyncio.timeout(EVENT_TIMEOUT):
-                    await kube.create_event(pod, event_type, reason, message)
-            except (TimeoutError, kube_io.KubeError) as exc:
-                log.warning(
-                    "event not recorded", extra={"pod": args.pod_name, "error": str(exc)[:300]}
-                )
-
-        self.tasks.spawn(record(), "scheduler-event")
+        self.events.record(pod, event_type, reason, message)
 
 
 def check_node_names(names: tuple[str, ...]) -> None:

@@ -52,6 +52,8 @@ from shared.ledger_wire import (
     tracked_from_wire,
     usage_from_wire,
 )
+from shared.service.backoff import Backoff
+from shared.service.supervisor import Supervisor
 from shared.wire import Reader, WireError, loads_object
 from svc_scheduler.metrics import SchedulerMetrics
 
@@ -62,6 +64,7 @@ QUOTA_TTL = 5.0
 FULL_REFRESH_THRESHOLD = 16
 """More stale candidates than this: one `_all` snapshot instead of one per node."""
 INITIAL_SYNC_BACKOFF = (0.1, 5.0)
+"""Seconds: the first retry of the first snapshot, and the longest wait between retries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +94,15 @@ class ReadModel:
         metrics: SchedulerMetrics | None = None,
         *,
         on_ready: Callable[[], None] | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.nc = nc
         self.accounting = accounting
         self.metrics = metrics or SchedulerMetrics()
         self.on_ready = on_ready
+        self._owns_supervisor = supervisor is None
+        self.supervisor = supervisor if supervisor is not None else Supervisor("read-model")
+        """Runs the first sync and the shared snapshot fetches (the service's, when given)."""
         self.epoch: str | None = None
         self.ready = asyncio.Event()
         self._nodes: dict[str, NodeView] = {}
@@ -103,8 +110,8 @@ class ReadModel:
         self._expected: dict[str, int] = {}
         self._needs_full = True
         self._quota: dict[str, tuple[QuotaLedger, float]] = {}
-        self._refreshing: dict[str, asyncio.Task[None]] = {}
-        self._refreshing_all: asyncio.Task[None] | None = None
+        self._refreshing: dict[str, asyncio.Future[None]] = {}
+        self._refreshing_all: asyncio.Future[None] | None = None
         self._subscription: Subscription | None = None
         self._sync_task: asyncio.Task[None] | None = None
 
@@ -113,16 +120,26 @@ class ReadModel:
     async def start(self) -> None:
         """Subscribe to usage updates, then take the first snapshot in the background (retried
         until accounting answers); `ready` is set once it has landed."""
+        if self._owns_supervisor:
+            await self.supervisor.start()
         self._subscription = await self.nc.subscribe(subjects.USAGE_WILDCARD, cb=self._on_usage)
         await self.nc.flush()
-        self._sync_task = asyncio.create_task(self._initial_sync(), name="read-model-sync")
+        self._sync_task = self.supervisor.spawn(
+            self._initial_sync(), "read-model-sync", drain=False
+        )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._sync_task, self._refreshing_all) if t is not None]
+        """Cancel the first sync and the fetches (the service's supervisor already did at
+        its stop), then unsubscribe."""
+        tasks: list[asyncio.Future[None]] = [
+            t for t in (self._sync_task, self._refreshing_all) if t is not None
+        ]
         tasks += list(self._refreshing.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_supervisor:
+            await self.supervisor.stop()
         if self._subscription is not None:
             with contextlib.suppress(Exception):
                 await self._subscription.unsubscribe()
@@ -135,14 +152,13 @@ class ReadModel:
             await self.refresh_all(2.0)
 
     async def _initial_sync(self) -> None:
-        delay, cap = INITIAL_SYNC_BACKOFF
+        backoff = Backoff(*INITIAL_SYNC_BACKOFF)
         while True:
             try:
                 await self.refresh_all(5.0)
             except Exception as exc:  # whatever it was, readiness waits on this: retry
                 log.warning("first snapshot failed; retrying", extra={"error": str(exc)[:300]})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, cap)
+                await backoff.wait()
                 continue
             self.ready.set()
             if self.on_ready is not None:
@@ -241,7 +257,7 @@ class ReadModel:
         """One `_all` snapshot; concurrent callers share it."""
         task = self._refreshing_all
         if task is None or task.done():
-            task = asyncio.create_task(self._fetch_all(budget), name="snapshot-all")
+            task = self.supervisor.submit(self._fetch_all(budget), "snapshot-all")
             self._refreshing_all = task
         await asyncio.shield(task)
 
@@ -253,7 +269,7 @@ class ReadModel:
     async def _refresh_shared(self, node: str, budget: float) -> None:
         task = self._refreshing.get(node)
         if task is None or task.done():
-            task = asyncio.create_task(self._fetch_node(node, budget), name=f"snapshot-{node}")
+            task = self.supervisor.submit(self._fetch_node(node, budget), f"snapshot-{node}")
             self._refreshing[node] = task
             task.add_done_callback(lambda _: self._refreshing.pop(node, None))
         await asyncio.shield(task)

@@ -14,6 +14,8 @@ unexpected exception is logged and answered 500. While draining, new requests ge
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import ssl
 import time
@@ -24,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from shared.service.health import Readiness
-from shared.service.inflight import InFlight
+from shared.service.supervisor import Supervisor
 from shared.wire import WireError, loads_object
 from svc_scheduler.extender import ERROR, Extender
 from svc_scheduler.extender_wire import (
@@ -63,6 +65,7 @@ class SchedulerHttp:
         host: str = "0.0.0.0",
         port: int = 8888,
         ssl_context: ssl.SSLContext | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.extender = extender
         self.admission = admission
@@ -71,7 +74,8 @@ class SchedulerHttp:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
-        self.inflight = InFlight()
+        self.supervisor = supervisor if supervisor is not None else Supervisor("scheduler-http")
+        """Counts the requests in flight (aiohttp runs each in its own task)."""
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 
@@ -107,7 +111,9 @@ class SchedulerHttp:
         if self._site is not None:
             await self._site.stop()
             self._site = None
-        await self.inflight.wait_idle(grace)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.supervisor.wait_idle()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -118,7 +124,7 @@ class SchedulerHttp:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.readiness.draining:
             return json_response({"Error": "numafit scheduler is shutting down"}, 503)
-        with self.inflight.track():
+        with self.supervisor.track():
             try:
                 return await handler(request)
             except BadInput as exc:

@@ -2,20 +2,27 @@
 
 Start: subscribe to accounting's usage updates and take the first snapshot (readiness waits
 for it: a filter before it would refuse every node), then listen. Stop (SIGTERM): readiness
-fails, the listener closes, in-flight requests finish within the grace period.
+fails, the listener closes, in-flight requests finish within the grace period, then the Events
+they record; the first sync and the snapshot fetches are cancelled. One supervisor owns all of
+it: its requests (counted), the read model's tasks and the Events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client
+from prometheus_client import CollectorRegistry
 
 from shared.accounting_client import AccountingClient
 from shared.core.config import CoreConfig
 from shared.service.health import Readiness
 from shared.service.kube_io import Kube
+from shared.service.supervisor import Supervisor
+from shared.service.wiring import ServiceSpec
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT, Extender
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.read_model import ReadModel
@@ -24,8 +31,50 @@ from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME, PodAdmission, kube_quo
 
 log = logging.getLogger("numafit.scheduler")
 
+NAME = "numafit-scheduler"
 READ_MODEL = "read-model"
 HTTP = "http"
+CONDITIONS = (READ_MODEL, HTTP)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOptions:
+    """What `numafit run scheduler` takes beyond the common flags."""
+
+    config: CoreConfig = field(default_factory=CoreConfig)
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    """schedulerName the webhook gives GPU pods."""
+    host: str = "0.0.0.0"
+    """Address of the extender and webhook listener."""
+    port: int = 8888
+    """Port of the listener (0: a free one, for tests)."""
+    ssl_context: ssl.SSLContext | None = None
+    """Serve HTTPS with it (the API server only calls webhooks over HTTPS)."""
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    """Seconds one extender call may take."""
+
+
+def spec(options: SchedulerOptions | None = None) -> ServiceSpec[SchedulerService]:
+    """How every caller (`numafit run`, simulate, bench, the test harnesses) builds it."""
+    chosen = options if options is not None else SchedulerOptions()
+
+    def build(
+        nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
+    ) -> SchedulerService:
+        return SchedulerService(
+            nc,
+            kube,
+            config=chosen.config,
+            metrics=SchedulerMetrics(registry),
+            readiness=readiness,
+            scheduler_name=chosen.scheduler_name,
+            host=chosen.host,
+            port=chosen.port,
+            ssl_context=chosen.ssl_context,
+            request_timeout=chosen.request_timeout,
+        )
+
+    return ServiceSpec(NAME, CONDITIONS, build)
 
 
 class SchedulerService:
@@ -45,13 +94,15 @@ class SchedulerService:
     ) -> None:
         self.config = config or CoreConfig()
         self.metrics = metrics or SchedulerMetrics()
-        self.readiness = readiness or Readiness(READ_MODEL, HTTP)
+        self.readiness = readiness or Readiness(*CONDITIONS)
+        self.supervisor = Supervisor("scheduler", on_fatal=self.readiness.fail)
         self.accounting = AccountingClient(nc)
         self.read_model = ReadModel(
             nc,
             self.accounting,
             self.metrics,
             on_ready=lambda: self.readiness.set(READ_MODEL),
+            supervisor=self.supervisor,
         )
         self.extender = Extender(
             self.read_model,
@@ -60,6 +111,7 @@ class SchedulerService:
             config=self.config,
             metrics=self.metrics,
             request_timeout=request_timeout,
+            supervisor=self.supervisor,
         )
         self.admission = PodAdmission(
             config=self.config,
@@ -75,6 +127,7 @@ class SchedulerService:
             host=host,
             port=port,
             ssl_context=ssl_context,
+            supervisor=self.supervisor,
         )
 
     @property
@@ -82,14 +135,18 @@ class SchedulerService:
         return self.http.url
 
     async def start(self) -> None:
+        await self.supervisor.start()
         await self.read_model.start()
         await self.http.start()
         self.readiness.set(HTTP)
 
     async def stop(self, grace: float) -> None:
+        """One grace period: the listener's requests, then what the supervisor still runs."""
         self.readiness.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         await self.http.stop(grace)
-        await self.extender.drain(grace)
+        await self.supervisor.stop(max(deadline - loop.time(), 0.0))
         await self.read_model.stop()
 
     async def on_reconnect(self) -> None:

@@ -89,6 +89,16 @@ def rewrite_entry(raw: str, index: int, entry: Iterable[ContainerDevice]) -> str
     return ";".join(pieces)
 
 
+def only_entry_changed(old: str, new: str, index: int) -> bool:
+    """Whether pod value `new` differs from `old` in container `index`'s piece at most: the
+    same number of pieces and every other piece byte for byte the same (all that a refit's
+    move may change)."""
+    old_pieces, new_pieces = old.split(";"), new.split(";")
+    return len(old_pieces) == len(new_pieces) and all(
+        a == b for i, (a, b) in enumerate(zip(old_pieces, new_pieces, strict=True)) if i != index
+    )
+
+
 def blank_entry(raw: str, index: int) -> str:
     """Blank container `index`'s piece (Allocate consumed it); separators survive."""
     pieces = raw.split(";")

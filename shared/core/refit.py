@@ -27,7 +27,7 @@ from shared.core.fit import (
 )
 from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
 from shared.core.nodes import without_pod
-from shared.core.pods import Alignment, parse_alignment
+from shared.core.pods import Alignment, PodInfo, parse_alignment
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest
 
@@ -209,17 +209,60 @@ def decide_refit(
     """Validate and compute one refit, in the order of reference (f).
 
     `node` is the usage snapshot of `request.node_name` counting every tracked pod (the target
-    pod included), or None when the node is not registered.
+    pod included), or None when the node is not registered. Each step either refuses (its
+    `RefitDecision` is the answer) or hands the next step what it needs.
     """
-    # 1-5: the request itself; nothing is known about a pod yet, so no event.
+    if (refusal := check_request(request)) is not None:
+        return refusal
+    if isinstance(found := find_reservation(request, pods), RefitDecision):
+        return found
+    if (aligned := already_aligned(request, found)) is not None:
+        return aligned
+    if isinstance(usable := check_refittable(request, found, node), RefitDecision):
+        return usable
+    if isinstance(fitted := restricted_fit(request, found, usable, quota, config), RefitDecision):
+        return fitted
+    if isinstance(usage := check_positional_quota(found, fitted, quota), RefitDecision):
+        return usage
+    return rewrite(found, fitted, usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The container's reservation a refit would move: what `find_reservation` located."""
+
+    tracked: TrackedPod
+    index: int
+    current: ContainerEntry
+    """The container's pending entry (non-empty): the devices the scheduler picked."""
+    rows: tuple[ContainerEntry, ...]
+    """The pod's recorded (allocated) rows by position; the container's row is non-empty."""
+
+    @property
+    def pod(self) -> PodInfo:
+        return self.tracked.pod
+
+
+@dataclass(frozen=True, slots=True)
+class RestrictedFit:
+    """A successful restricted fit: the container's new devices and what the fit ran on."""
+
+    fit: ContainerFit
+    moved: ContainerEntry
+    restricted: NodeSnapshot
+    """The preloaded snapshot restricted to kubelet's allowed devices (for `--explain`)."""
+
+
+def check_request(request: RefitRequest) -> RefitDecision | None:
+    """Rows 1-5: the request itself (None when it passes). Nothing is known about a pod yet,
+    so no refusal here records an event."""
     if not (request.pod_uid and request.pod_namespace and request.pod_name and request.node_name):
         return refused(
             Code.INVALID_REQUEST,
             "incomplete refit request: podUID, podNamespace, podName and nodeName are required",
             event=False,
         )
-    allowed = frozenset(request.allowed_device_uuids)
-    if not allowed:
+    if not request.allowed_device_uuids:
         return refused(Code.INVALID_REQUEST, "empty allowed device set", event=False)
     if len(request.allowed_device_uuids) > keys.MAX_ALLOWED_UUIDS:
         return refused(
@@ -238,8 +281,22 @@ def decide_refit(
             f"device type {request.device_type!r} is not supported by the NUMA refit yet",
             event=False,
         )
+    return None
 
-    # 6-7: the pod, by UID (guards against a recreated pod with the same name).
+
+def find_reservation(
+    request: RefitRequest, pods: Mapping[str, TrackedPod]
+) -> RefitDecision | Reservation:
+    """Rows 6-13: the pod, then the container and its reservation."""
+    tracked = find_pod(request, pods)
+    if isinstance(tracked, RefitDecision):
+        return tracked
+    return find_container_entry(request, tracked)
+
+
+def find_pod(request: RefitRequest, pods: Mapping[str, TrackedPod]) -> RefitDecision | TrackedPod:
+    """Rows 6-8: the pod by UID (guards against a recreated pod with the same name), then its
+    name and node as the request states them."""
     tracked = pods.get(request.pod_uid)
     if tracked is None:
         return refused(
@@ -259,10 +316,13 @@ def decide_refit(
             Code.NODE_MISMATCH,
             f"pod {pod.key} is tracked on node {tracked.node}, not {request.node_name}",
         )
+    return tracked
 
-    # 9-13: the container and its reservation, checked against the spec before any annotation
-    # index is used (the decoder's trailing entry must never be addressable).
-    index = request.container_index
+
+def find_container_entry(request: RefitRequest, tracked: TrackedPod) -> RefitDecision | Reservation:
+    """Rows 9-13: the container, checked against the spec before any annotation index is used
+    (the decoder's trailing entry must never be addressable), then its two entries."""
+    pod, index = tracked.pod, request.container_index
     if not 0 <= index < len(pod.containers):
         return refused(
             Code.CONTAINER_OUT_OF_RANGE,
@@ -286,29 +346,39 @@ def decide_refit(
         return refused(
             Code.NOTHING_RECORDED, f"container {index} has no recorded NVIDIA allocation"
         )
-    current = pending_rows[index]
+    return Reservation(tracked, index, pending_rows[index], rows)
 
-    # 14: already where kubelet can serve it: a no-op success.
-    if all(d.uuid in allowed for d in current):
-        return RefitDecision(
-            True,
-            Code.ALREADY_ALIGNED,
-            container_devices=current,
-            previous_devices=current,
-            event=Event(
-                "Normal",
-                "NumaRefitSucceed",
-                f"NUMA refit: container {index} already on allowed devices {_uuids(current)}",
-            ),
-        )
 
-    # 15-17: what the refit can handle.
-    first = current[0]
-    if any(d.usedmem != first.usedmem or d.usedcores != first.usedcores for d in current):
-        amounts = ", ".join(f"{d.uuid}={d.usedmem}MiB/{d.usedcores}%" for d in current)
+def already_aligned(request: RefitRequest, found: Reservation) -> RefitDecision | None:
+    """Row 14: every device the container holds is one kubelet allows: a no-op success (None
+    when a move is needed)."""
+    current, allowed = found.current, frozenset(request.allowed_device_uuids)
+    if not all(d.uuid in allowed for d in current):
+        return None
+    return RefitDecision(
+        True,
+        Code.ALREADY_ALIGNED,
+        container_devices=current,
+        previous_devices=current,
+        event=Event(
+            "Normal",
+            "NumaRefitSucceed",
+            f"NUMA refit: container {found.index} already on allowed devices {_uuids(current)}",
+        ),
+    )
+
+
+def check_refittable(
+    request: RefitRequest, found: Reservation, node: NodeSnapshot | None
+) -> RefitDecision | NodeSnapshot:
+    """Rows 15-17: what the refit can handle (one amount per device, a registered node, no MIG
+    among the allowed devices); passes on the node's snapshot."""
+    first = found.current[0]
+    if any(d.usedmem != first.usedmem or d.usedcores != first.usedcores for d in found.current):
+        amounts = ", ".join(f"{d.uuid}={d.usedmem}MiB/{d.usedcores}%" for d in found.current)
         return refused(
             Code.HETEROGENEOUS_RESERVATION,
-            f"container {index} holds differing amounts per device ({amounts}); "
+            f"container {found.index} holds differing amounts per device ({amounts}); "
             "heterogeneous reservations cannot be refitted",
         )
     if node is None or not node.devices:
@@ -323,36 +393,41 @@ def decide_refit(
                 Code.MIG_UNSUPPORTED,
                 f"device {uuid} is in MIG mode; the NUMA refit does not support MIG",
             )
+    return node
 
-    # e.8: make the additive fit equal the phase-aware truth.
-    preloaded = preload(node, tracked, index, allowed, request.device_type)
 
-    # 18: the pod's fit settings.
+def restricted_fit(
+    request: RefitRequest,
+    found: Reservation,
+    node: NodeSnapshot,
+    quota: QuotaLedger | None,
+    config: CoreConfig,
+) -> RefitDecision | RestrictedFit:
+    """Rows 18-20 (e.8, d.7): the fit restricted to kubelet's allowed devices, on the node
+    preloaded so the additive fit equals the phase-aware truth, seeded with the pod's other
+    containers at their real positions, with the pod's own stored usage excluded from its
+    namespace quota."""
+    tracked, index, current = found.tracked, found.index, found.current
+    allowed, vendor = frozenset(request.allowed_device_uuids), request.device_type
+    preloaded = preload(node, tracked, index, allowed, vendor)
     try:
-        options = fit_options(pod.annotations, config)
+        options = fit_options(tracked.pod.annotations, config)
     except AnnotationError as exc:
         return refused(Code.INVALID_SCORING_WEIGHTS, f"invalid device scoring weights: {exc}")
-
-    # 19-20: the restricted fit (d.7), seeded with the pod's other containers at their real
-    # positions and with the pod's own stored usage excluded from its namespace quota.
-    restricted = restrict(preloaded, allowed, request.device_type)
-    seeded = {p: e for p, e in enumerate(rows) if e and p != index}
-    probe = None
-    if quota is not None and quota.limited(pod.namespace):
-        probe = QuotaProbe(quota, pod.namespace, pod.kinds, tracked.released, total(tracked.usage))
-    if not any(d.info.matches_vendor(request.device_type) for d in restricted.devices):
-        reasons = {ALLOWED_SET_UNMATCHED: 1}
+    restricted = restrict(preloaded, allowed, vendor)
+    if not any(d.info.matches_vendor(vendor) for d in restricted.devices):
         return refused(
             Code.NO_FIT,
             f"no allowed device fits: 1/{len(restricted.devices)} {ALLOWED_SET_UNMATCHED}",
-            fit_reasons=reasons,
+            fit_reasons={ALLOWED_SET_UNMATCHED: 1},
             previous_devices=current,
             preloaded=restricted,
         )
-    synthesized = ContainerRequest(
-        nums=len(current), type=request.device_type, memreq=first.usedmem, coresreq=first.usedcores
+    same_amounts = ContainerRequest(
+        nums=len(current), type=vendor, memreq=current[0].usedmem, coresreq=current[0].usedcores
     )
-    fit = fit_container(restricted, synthesized, options, index, seeded, probe)
+    seeded = {p: e for p, e in enumerate(found.rows) if e and p != index}
+    fit = fit_container(restricted, same_amounts, options, index, seeded, _probe(tracked, quota))
     if not fit.ok:
         quota_only = set(fit.reasons) == {RESOURCE_QUOTA_NOT_FIT}
         return refused(
@@ -364,50 +439,71 @@ def decide_refit(
             preloaded=restricted,
         )
     moved = tuple(ContainerDevice(d.uuid, d.type, d.usedmem, d.usedcores) for d in fit.devices)
+    return RestrictedFit(fit, moved, restricted)
 
-    # 21: quota on the original positional layout, target replaced (defence in depth: the probe
-    # above already used real positions).
-    new_rows = list(rows)
-    new_rows[index] = moved
-    new_usage = effective(pod.kinds, new_rows, tracked.released)
+
+def _probe(tracked: TrackedPod, quota: QuotaLedger | None) -> QuotaProbe | None:
+    """The fit's quota probe for the pod's namespace, its own stored usage excluded (None when
+    the namespace has no GPU quota)."""
+    namespace = tracked.pod.namespace
+    if quota is None or not quota.limited(namespace):
+        return None
+    return QuotaProbe(quota, namespace, tracked.pod.kinds, tracked.released, total(tracked.usage))
+
+
+def check_positional_quota(
+    found: Reservation, fitted: RestrictedFit, quota: QuotaLedger | None
+) -> RefitDecision | dict[str, Usage]:
+    """Row 21: the quota on the original positional layout with the target entry replaced
+    (defence in depth: the probe already used real positions); passes on the pod's new stored
+    (effective) usage."""
+    pod = found.pod
+    new_rows = list(found.rows)
+    new_rows[found.index] = fitted.moved
+    new_usage = effective(pod.kinds, new_rows, found.tracked.released)
     if quota is not None and not quota.fits(
-        pod.namespace, total(new_usage), exclude=total(tracked.usage)
+        pod.namespace, total(new_usage), exclude=total(found.tracked.usage)
     ):
         return refused(
             Code.QUOTA_EXCEEDED,
-            f"moving container {index} would exceed the NVIDIA resource quota in namespace "
+            f"moving container {found.index} would exceed the NVIDIA resource quota in namespace "
             f"{pod.namespace}",
-            previous_devices=current,
-            fit=fit,
-            preloaded=restricted,
+            previous_devices=found.current,
+            fit=fitted.fit,
+            preloaded=fitted.restricted,
         )
+    return new_usage
 
-    # 22: byte-preserving rewrite of both annotations.
+
+def rewrite(
+    found: Reservation, fitted: RestrictedFit, new_usage: Mapping[str, Usage]
+) -> RefitDecision:
+    """Row 22 and success: the byte-preserving rewrite of both annotations, the move decided."""
+    index, moved = found.index, fitted.moved
     try:
-        to_allocate = codec.rewrite_entry(tracked.to_allocate or "", index, moved)
+        to_allocate = codec.rewrite_entry(found.tracked.to_allocate or "", index, moved)
     except AnnotationError as exc:
         return refused(
             Code.ANNOTATION_INVALID, f"cannot rewrite pending allocation annotation: {exc}"
         )
     try:
-        allocated = codec.rewrite_entry(tracked.allocated or "", index, moved)
+        allocated = codec.rewrite_entry(found.tracked.allocated or "", index, moved)
     except AnnotationError as exc:
         return refused(Code.ANNOTATION_INVALID, f"cannot rewrite allocated annotation: {exc}")
-
     return RefitDecision(
         True,
         Code.MOVED,
         container_devices=moved,
         annotations={keys.TO_ALLOCATE: to_allocate, keys.ALLOCATED: allocated},
-        previous_devices=current,
+        previous_devices=found.current,
         stored_usage=new_usage,
         event=Event(
             "Normal",
             "NumaRefitSucceed",
-            f"NUMA refit moved container {index} from {_uuids(current)} to {_uuids(moved)}",
+            f"NUMA refit moved container {index} from {_uuids(found.current)} to {_uuids(moved)}",
         ),
-        fit=fit,
-        preloaded=restricted,
+        fit=fitted.fit,
+        preloaded=fitted.restricted,
     )
 
 

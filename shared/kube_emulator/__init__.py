@@ -17,6 +17,7 @@ resourceVersion, admission before storage. Start it in process (KubeEmulator) or
     patching    JSON merge, strategic merge and JSON patch
     faults      injected delays and errors
     admission   the hook standing in for admission webhooks
+    scheduler_webhook   svc_scheduler's pod admission as that hook (`numafit simulate`, tests)
     errors      Status objects with upstream's wording
 """
 

@@ -1,9 +1,11 @@
 """The run loop every service shares.
 
-health server up -> NATS and Kubernetes clients -> service.start() -> wait for SIGTERM (or a
-failure: the NATS connection closed for good, an eternal task ended) -> readiness fails,
-service.stop(grace) finishes in-flight work -> NATS drained (bounded) -> clients closed. The
-whole shutdown fits in one grace period; a failure ends the process with exit 1.
+health server up -> NATS and Kubernetes clients -> the service built (its package's spec) ->
+service.start() -> wait for SIGTERM (or a failure: the NATS connection closed for good, an
+eternal task ended) -> readiness fails, service.stop(grace) finishes in-flight work -> NATS
+drained (bounded) -> clients closed. The whole shutdown fits in one grace period; a failure
+ends the process with exit 1. Every task the loop itself starts lives in a TaskGroup (the
+API server probe in a Supervisor of its own).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 from kubernetes_asyncio import client
 from nats.aio.client import Client
@@ -26,6 +28,21 @@ from shared.service.kube_io import Kube
 from shared.service.lifecycle import stop_on_signals
 from shared.service.logs import configure_logging
 from shared.service.settings import CommonSettings
+from shared.service.supervisor import Supervisor
+from shared.service.wiring import Factory, Service, ServiceSpec, reconnect_hook
+
+__all__ = [
+    "KUBE_API",
+    "Factory",
+    "Service",
+    "ServiceFailed",
+    "ServiceSpec",
+    "probe_kube",
+    "run",
+    "serve",
+    "serve_spec",
+    "settle_heap",
+]
 
 log = logging.getLogger("numafit")
 
@@ -34,15 +51,11 @@ class ServiceFailed(Exception):
     """The service stopped because it could no longer do its job (exit 1)."""
 
 
-class Service(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self, grace: float) -> None: ...
-
-
-Factory = Callable[
-    [Client, Kube | None, CollectorRegistry, Readiness], Awaitable[Service] | Service
-]
+async def serve_spec(
+    spec: ServiceSpec[Any], settings: CommonSettings, stop: asyncio.Event | None = None
+) -> None:
+    """Run the service `spec` describes until `stop` (SIGTERM/SIGINT when not given)."""
+    await serve(spec.name, settings, spec.build, spec.readiness(), stop, use_kube=spec.use_kube)
 
 
 async def serve(
@@ -79,24 +92,18 @@ async def serve(
             api = await api_client(settings.kubeconfig)
         made = factory(nc, Kube(api, name) if api is not None else None, registry, readiness)
         service = await made if isinstance(made, Awaitable) else made
-        hook = getattr(service, "on_reconnect", None)
+        hook = reconnect_hook(service)
         if hook is not None:
             reconnect_hooks.append(hook)
-        await _until_failed(service.start(), readiness)
-        settle_heap()
-        probe = asyncio.create_task(probe_kube(api, readiness), name="kube-api-probe")
         try:
-            await _first(stop.wait(), readiness.failed.wait(), probe)
+            await _until_failed(service.start(), readiness)
+            settle_heap()
+            # The probe is the loop's own eternal task: should it ever end, the service fails.
+            async with Supervisor(f"{name}-runner", on_fatal=readiness.fail) as tasks:
+                tasks.spawn(probe_kube(api, readiness), "kube-api-probe", eternal=True)
+                await _first(stop.wait(), readiness.failed.wait())
         finally:
-            probe.cancel()
-            await asyncio.gather(probe, return_exceptions=True)
-        readiness.draining = True
-        log.info("draining", extra={"service": name, "grace_seconds": settings.grace_seconds})
-        # One grace period for the whole stop: what the service does not finish in time is
-        # cancelled, and the NATS drain and client close below are bounded on their own.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(settings.grace_seconds):
-                await service.stop(settings.grace_seconds * 0.9)
+            await _stop(service, name, settings.grace_seconds, readiness)
     finally:
         if nc is not None:
             await natsconn.close(nc)
@@ -108,6 +115,17 @@ async def serve(
         log.info("stopped", extra={"service": name})
     if readiness.failure is not None:
         raise ServiceFailed(readiness.failure)
+
+
+async def _stop(service: Service, name: str, grace: float, readiness: Readiness) -> None:
+    """One grace period for the whole stop (a start-up cut short is stopped the same way):
+    what the service does not finish in time is cancelled, and the NATS drain and client
+    close after it are bounded on their own."""
+    readiness.draining = True
+    log.info("draining", extra={"service": name, "grace_seconds": grace})
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(grace):
+            await service.stop(grace * 0.9)
 
 
 KUBE_API = "kube-api"
@@ -151,31 +169,36 @@ async def probe_kube(
         await asyncio.sleep(period)
 
 
-async def _first(*waits: Awaitable[object]) -> None:
+async def _first(*waits: Coroutine[Any, Any, object]) -> None:
     """Return when the first of `waits` finishes; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(w) for w in waits]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _until_failed(work: Awaitable[None], readiness: Readiness) -> None:
-    """Run `work` (start-up), abandoning it when the service fails meanwhile."""
-    task = asyncio.ensure_future(work)
-    failed = asyncio.ensure_future(readiness.failed.wait())
-    try:
+async def _until_failed(work: Coroutine[Any, Any, None], readiness: Readiness) -> None:
+    """Run `work` (start-up), abandoning it when the service fails meanwhile. An exception of
+    `work` is raised as it is (not inside an ExceptionGroup): it is what `run` reports."""
+    errors: list[Exception] = []
+
+    async def starting() -> None:
+        try:
+            await work
+        except Exception as exc:
+            errors.append(exc)
+
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(starting(), name="start-up")
+        failed = group.create_task(readiness.failed.wait(), name="start-up-watch")
         await asyncio.wait([task, failed], return_when=asyncio.FIRST_COMPLETED)
-    finally:
         failed.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(failed, return_exceptions=True)
+        task.cancel()
+    if errors:
+        raise errors[0]
     if task.cancelled():
         raise ServiceFailed(readiness.failure or "start-up cancelled")
-    task.result()
 
 
 def settle_heap() -> None:

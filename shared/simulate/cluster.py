@@ -14,30 +14,23 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from shared.core.accounting import TrackedPod
 from shared.kube_emulator import KubeEmulator
+from shared.kube_emulator.scheduler_webhook import emulator_admission_hook
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator
 from shared.nats_server import NatsServer
-from shared.service import natsconn
-from shared.service.kube import api_client
 from shared.service.kube_io import Kube
+from shared.service.wiring import InProcess
 from shared.simulate.scenario import NodeSpec, Scenario
-from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.service import AccountingService
+from svc_accounting import service as accounting_service
+from svc_deviceplugin import service as deviceplugin_service
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
-from svc_deviceplugin.metrics import PluginMetrics
-from svc_deviceplugin.service import DevicePluginService
-from svc_refit.metrics import RefitMetrics
-from svc_refit.service import RefitService
-from svc_scheduler.emulator_admission import emulator_admission_hook
-from svc_scheduler.metrics import SchedulerMetrics
-from svc_scheduler.service import SchedulerService
+from svc_refit import service as refit_service
+from svc_scheduler import service as scheduler_service
 
 RESOURCE = "nvidia.com/gpu"
 DEFAULT_REPLICAS = 10
@@ -47,7 +40,7 @@ DEFAULT_REPLICAS = 10
 class SimNode:
     spec: NodeSpec
     kubelet: KubeletEmulator
-    plugin: DevicePluginService
+    plugin: deviceplugin_service.DevicePluginService
     registry: CollectorRegistry
 
     @property
@@ -71,73 +64,58 @@ class SimCluster:
     nodes: dict[str, SimNode] = field(default_factory=dict)
     registries: dict[str, CollectorRegistry] = field(default_factory=dict)
     kube: Kube | None = None
-    accounting: AccountingService | None = None
-    refit: RefitService | None = None
-    scheduler: SchedulerService | None = None
-    _closers: list[Callable[[], Any]] = field(default_factory=list)
+    accounting: accounting_service.AccountingService | None = None
+    refit: refit_service.RefitService | None = None
+    scheduler: scheduler_service.SchedulerService | None = None
+    wiring: InProcess | None = None
+    """Every service and client of the cluster, wired as `numafit run` wires each."""
     _socket_dirs: list[Path] = field(default_factory=list)
 
-    async def _nats(self, name: str, hooks: list[natsconn.ReconnectHook] | None = None) -> Client:
-        nc = await natsconn.connect(self.nats.url, name, on_reconnect=hooks)
-        self._closers.append(nc.close)
-        return nc
-
-    async def _kube(self, component: str) -> Kube:
-        api = await api_client(str(self.workdir / "kubeconfig"))
-        self._closers.append(api.close)
-        return Kube(api, component)
+    def _registry(self, name: str) -> CollectorRegistry:
+        registry = self.registries[name] = CollectorRegistry(auto_describe=True)
+        return registry
 
     async def start(self, progress: Callable[[str], None] = lambda _: None) -> None:
         progress("starting nats-server and the Kubernetes API emulator")
         await asyncio.to_thread(self.nats.start)
         await self.emulator.start()
         self.emulator.write_kubeconfig(self.workdir / "kubeconfig")
-        self.kube = await self._kube("numafit-simulate")
+        wiring = self.wiring = InProcess(self.nats.url, self.workdir / "kubeconfig")
+        self.kube = await wiring.kube("numafit-simulate")
         for spec in self.scenario.nodes:
             body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name}}
             await self.kube.create_node(body)
 
         progress("starting accounting, refit and the scheduler extender")
         config = self.scenario.config
-        registry = self.registries["accounting"] = CollectorRegistry(auto_describe=True)
-        hooks: list[natsconn.ReconnectHook] = []
-        self.accounting = AccountingService(
-            await self._nats("accounting", hooks),
-            await self._kube("numafit-accounting"),
-            config=config,
-            metrics=AccountingMetrics(registry),
+        self.accounting = await wiring.start(
+            accounting_service.spec(accounting_service.AccountingOptions(config=config)),
+            client_name="accounting",
+            registry=self._registry("accounting"),
         )
-        hooks.append(self.accounting.on_reconnect)
-        await self.accounting.start()
-        registry = self.registries["refit"] = CollectorRegistry(auto_describe=True)
-        self.refit = RefitService(
-            await self._nats("refit"),
-            await self._kube("numafit-refit"),
-            config=config,
-            metrics=RefitMetrics(registry),
+        self.refit = await wiring.start(
+            refit_service.spec(refit_service.RefitOptions(config=config)),
+            client_name="refit",
+            registry=self._registry("refit"),
         )
-        await self.refit.start()
-        registry = self.registries["scheduler"] = CollectorRegistry(auto_describe=True)
-        self.scheduler = SchedulerService(
-            await self._nats("scheduler"),
-            await self._kube("numafit-scheduler"),
-            config=config,
-            metrics=SchedulerMetrics(registry),
-            host="127.0.0.1",
-            port=0,
+        self.scheduler = await wiring.start(
+            scheduler_service.spec(
+                scheduler_service.SchedulerOptions(config=config, host="127.0.0.1", port=0)
+            ),
+            client_name="scheduler",
+            registry=self._registry("scheduler"),
         )
-        await self.scheduler.start()
         self.emulator.admission = emulator_admission_hook(self.scheduler.admission)
 
         for spec in self.scenario.nodes:
             progress(f"starting kubelet and device plugin on {spec.name}")
-            await self._start_node(spec)
+            await self._start_node(wiring, spec)
         async with asyncio.timeout(30):
             for sim in self.nodes.values():
                 await sim.plugin.inventory_registered.wait()
             await self.scheduler.read_model.ready.wait()
 
-    async def _start_node(self, spec: NodeSpec) -> None:
+    async def _start_node(self, wiring: InProcess, spec: NodeSpec) -> None:
         directory = Path(tempfile.mkdtemp(prefix="nf-", dir="/tmp"))  # short unix socket paths
         self._socket_dirs.append(directory)
         kubelet = KubeletEmulator(
@@ -150,33 +128,32 @@ class SimCluster:
         )
         await kubelet.start()
         registry = CollectorRegistry(auto_describe=True)
-        plugin = DevicePluginService(
-            PluginConfig(
-                node=spec.name, directory=directory, replicas=DEFAULT_REPLICAS, watch_interval=0.2
-            ),
-            await self._nats(f"deviceplugin-{spec.name}"),
-            SimulatedBackend(spec.gpus),
-            metrics=PluginMetrics(registry),
+        config = PluginConfig(
+            node=spec.name, directory=directory, replicas=DEFAULT_REPLICAS, watch_interval=0.2
         )
-        await plugin.start()
+        plugin = await wiring.start(
+            deviceplugin_service.spec(
+                deviceplugin_service.PluginOptions(config, SimulatedBackend(spec.gpus))
+            ),
+            client_name=f"deviceplugin-{spec.name}",
+            registry=registry,
+        )
         replicas = sum(g.replicas or DEFAULT_REPLICAS for g in spec.gpus)
         async with asyncio.timeout(30):
             await kubelet.wait_for_devices(RESOURCE, replicas)
         self.nodes[spec.name] = SimNode(spec, kubelet, plugin, registry)
 
     async def stop(self) -> None:
+        wiring = self.wiring
         for node in self.nodes.values():
-            with contextlib.suppress(Exception):
-                await node.plugin.stop(1.0)
+            if wiring is not None:
+                with contextlib.suppress(Exception):
+                    await wiring.stop(node.plugin, 1.0)
             with contextlib.suppress(Exception):
                 await node.kubelet.stop()
-        for service in (self.scheduler, self.refit, self.accounting):
-            if service is not None:
-                with contextlib.suppress(Exception):
-                    await service.stop(1.0)
-        for close in reversed(self._closers):
+        if wiring is not None:
             with contextlib.suppress(Exception):
-                await close()
+                await wiring.close(1.0)  # the scheduler, refit, accounting; every client
         with contextlib.suppress(Exception):
             await self.emulator.stop()
         await asyncio.to_thread(self.nats.stop)

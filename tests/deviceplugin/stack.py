@@ -15,10 +15,9 @@ from typing import Any
 
 from shared.core import keys
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
-from shared.service import natsconn
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import GpuInfo, SimulatedBackend
-from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.service import DevicePluginService, PluginOptions, spec
 from tests.builders import container, pod
 from tests.integration.harness import Harness, harness, wait_for
 
@@ -92,7 +91,6 @@ async def node_stack(
                 KubeletConfig(directory=directory, topology_policy=policy, cpus={0: 32, 1: 32})
             )
             await kubelet.start()
-            nc = await natsconn.connect(nats_url, "deviceplugin")
             config = PluginConfig(
                 node="node-1",
                 directory=directory,
@@ -100,9 +98,12 @@ async def node_stack(
                 refit_timeout_ms=refit_timeout_ms,
                 watch_interval=0.05,
             )
-            plugin = DevicePluginService(config, nc, SimulatedBackend(gpus or DEFAULT_GPUS))
-            await plugin.start()
+            backend = SimulatedBackend(gpus or DEFAULT_GPUS)
+            plugin: DevicePluginService | None = None
             try:
+                plugin = await h.wiring.start(
+                    spec(PluginOptions(config, backend)), client_name="deviceplugin"
+                )
                 count = 10 * len(gpus or DEFAULT_GPUS)
                 async with asyncio.timeout(10):
                     await kubelet.wait_for_devices(RESOURCE, count)
@@ -110,8 +111,8 @@ async def node_stack(
                 await wait_for(lambda: _registered(h))
                 yield Stack(h, kubelet, plugin)
             finally:
-                await plugin.stop(1.0)
-                await nc.close()
+                if plugin is not None:  # else the harness stops what did start
+                    await h.wiring.stop(plugin, 1.0)
                 await kubelet.stop()
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -37,12 +37,14 @@ from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
 from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, gpu_pod, node_stack
 from tests.integration.harness import wait_for
+from tests.metrics import sample
 
 NODE = "deadline-node"
 MARGIN = 0.25
 """Seconds a call may take beyond its budget (the brief's fixed margin)."""
 SILENT = None
 """A fake's delay that means: never answer."""
+ALLOCATIONS = "numafit_deviceplugin_allocations_total"
 
 PENDING_POD = {
     "uid": "uid-1",
@@ -123,6 +125,10 @@ class Node:
 
     async def allocate(self, ids: list[str]) -> tuple[float, Any, aio.AioRpcError | None]:
         return await allocate(self.stub, ids)
+
+    def allocations(self, result: str) -> float:
+        """`numafit_deviceplugin_allocations_total{result}` as the plugin exports it."""
+        return sample(self.plugin.metrics.registry, ALLOCATIONS, result=result)
 
 
 async def allocate(stub: Any, ids: list[str]) -> tuple[float, Any, aio.AioRpcError | None]:
@@ -234,7 +240,7 @@ async def test_silent_consume_ends_allocate_within_the_budget(nats_url: str) -> 
         assert error is not None and error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "cannot record the allocation" in str(error.details())
         assert elapsed <= 0.6 + MARGIN
-        assert node.plugin.metrics.allocations.labels("accounting_unavailable")._value.get() == 1
+        assert node.allocations("accounting_unavailable") == 1
 
 
 async def test_a_consume_conflict_is_asked_again(nats_url: str) -> None:
@@ -244,7 +250,7 @@ async def test_a_consume_conflict_is_asked_again(nats_url: str) -> None:
         assert error is None
         assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert len(node.fake.requests["consume"]) == 2
-        assert node.plugin.metrics.allocations.labels("ok")._value.get() == 1
+        assert node.allocations("ok") == 1
 
 
 async def test_other_consume_refusals_are_reported_clearly_and_bounded(nats_url: str) -> None:
@@ -256,7 +262,7 @@ async def test_other_consume_refusals_are_reported_clearly_and_bounded(nats_url:
         assert details.startswith("allocation refused by accounting (api_error): ")
         assert len(details) < 400
         assert len(node.fake.requests["consume"]) == 1  # not a conflict: not asked again
-        assert node.plugin.metrics.allocations.labels("api_error")._value.get() == 1
+        assert node.allocations("api_error") == 1
 
 
 async def test_an_unknown_refusal_code_is_not_a_label(nats_url: str) -> None:
@@ -264,12 +270,12 @@ async def test_an_unknown_refusal_code_is_not_a_label(nats_url: str) -> None:
     async with fake_node(nats_url, 2000, replies={"consume": [refusal]}) as node:
         _, _, error = await node.allocate(["GPU-b-0"])
         assert error is not None and len(str(error.details())) < 400
-        assert node.plugin.metrics.allocations.labels("other")._value.get() == 1
+        assert node.allocations("other") == 1
         samples = [
             s.labels.get("result", "")
             for m in node.plugin.metrics.registry.collect()
             for s in m.samples
-            if s.name == "numafit_deviceplugin_allocations_total"
+            if s.name == ALLOCATIONS
         ]
         assert all(len(label) < 64 for label in samples)
 

@@ -19,13 +19,20 @@ from shared.kubelet_emulator import TopologyPolicy, UnexpectedAdmissionError
 from tests.builders import container
 from tests.deviceplugin.stack import RESOURCE, Stack, gpu, gpu_pod, node_stack
 from tests.integration.harness import wait_for
+from tests.metrics import sample
 
 WORKED = "GPU-b,NVIDIA,30000,60:;GPU-a,NVIDIA,20000,30:;"
+REFITS = "numafit_deviceplugin_refits_total"
+ALLOCATIONS = "numafit_deviceplugin_allocations_total"
+REFIT_REQUESTS = "numafit_refit_requests_total"
 
 
 def refits(stack: Stack, mode: str, result: str) -> float:
-    value: float = stack.plugin.metrics.refits.labels(mode, result)._value.get()
-    return value
+    return sample(stack.plugin.metrics.registry, REFITS, mode=mode, result=result)
+
+
+def misaligned(stack: Stack) -> float:
+    return sample(stack.plugin.metrics.registry, "numafit_deviceplugin_misaligned_containers")
 
 
 async def annotations(stack: Stack, name: str) -> dict[str, str]:
@@ -112,7 +119,7 @@ async def test_refusal_falls_back_in_best_effort(nats_url: str, tmp_path: Path) 
         # kubelet's own choice runs; accounting follows it and counts the container misaligned.
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert refits(stack, "best-effort", "fallback") == 1
-        assert stack.plugin.metrics.misaligned._value.get() == 1
+        assert misaligned(stack) == 1
         assert (await annotations(stack, "late"))[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,30:;"
 
 
@@ -209,7 +216,10 @@ async def test_pod_that_did_not_opt_in_is_not_refitted(nats_url: str, tmp_path: 
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"  # kubelet's pick, followed
         assert refits(stack, "none", "not_opted_in") == 1
         assert stack.h.refit is not None
-        assert stack.h.refit.metrics.requests.labels("moved", "best-effort")._value.get() == 0
+        moved = sample(
+            stack.h.refit.metrics.registry, REFIT_REQUESTS, code="moved", mode="best-effort"
+        )
+        assert moved == 0
 
 
 async def test_allocate_environment_for_two_gpus(nats_url: str, tmp_path: Path) -> None:
@@ -258,7 +268,8 @@ async def test_bad_allocations_get_clear_errors_and_the_plugin_keeps_serving(
         with pytest.raises(grpc.aio.AioRpcError) as too_many:
             await call_allocate(stack, ["GPU-b-0", "GPU-a-0"])
         assert "does not match the pending entry" in str(too_many.value.details())
-        assert stack.plugin.metrics.allocations.labels("unknown_device")._value.get() == 1
+        registry = stack.plugin.metrics.registry
+        assert sample(registry, ALLOCATIONS, result="unknown_device") == 1
         # Accounting unreachable: a clear error, then service again once it is back.
         assert stack.h.accounting is not None
         await stack.h.accounting.stop(1.0)
@@ -315,4 +326,4 @@ async def test_per_pod_state_is_dropped_once_accounting_forgets_the_pod(
         assert (late, 0) in allocator.outcomes and allocator.misaligned
         allocator.forget_pods(alive={await stack.uid("big")})
         assert (late, 0) not in allocator.outcomes and not allocator.misaligned
-        assert stack.plugin.metrics.misaligned._value.get() == 0
+        assert misaligned(stack) == 0

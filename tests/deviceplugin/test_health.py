@@ -28,10 +28,12 @@ from svc_deviceplugin.discovery import (
 from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, bare_node, node_stack
 from tests.integration.harness import harness, wait_for
 from tests.integration.processes import free_port, spawn
+from tests.metrics import sample
 
 pynvml = pytest.importorskip("pynvml")
 
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError in NVML's nvml.h
+XID_EVENTS = "numafit_deviceplugin_xid_events_total"
 
 
 # --- NVML: the real module, its functions replaced --------------------------------------
@@ -292,8 +294,9 @@ async def test_a_critical_xid_withdraws_the_gpu_from_kubelet_and_the_scheduler(
             await stack.kubelet.wait_until(lambda: health_of(stack)["GPU-a"] == {False})
         assert health_of(stack) == {"GPU-a": {False}, "GPU-b": {True}}
         await wait_for(lambda: _equals(register_annotation(stack), {"GPU-a": False, "GPU-b": True}))
-        assert stack.plugin.metrics.unhealthy_gpus._value.get() == 1
-        assert stack.plugin.metrics.xid_events.labels("marked_unhealthy")._value.get() == 1
+        registry = stack.plugin.metrics.registry
+        assert sample(registry, "numafit_deviceplugin_unhealthy_gpus") == 1
+        assert sample(registry, XID_EVENTS, action="marked_unhealthy") == 1
         # accounting's view (what the scheduler reads) has GPU-a unhealthy too.
         snapshot = await stack.h.client.snapshot("node-1")
         devices = {d["id"]: d["health"] for d in snapshot["nodes"][0]["devices"]}
@@ -313,13 +316,13 @@ async def test_an_application_xid_changes_nothing(nats_url: str, tmp_path: Path)
 
         simulated(stack).inject_xid("GPU-b", 13)
 
-        ignored = stack.plugin.metrics.xid_events.labels("ignored")
-        await wait_for(lambda: ignored._value.get() == 1)
+        registry = stack.plugin.metrics.registry
+        await wait_for(lambda: sample(registry, XID_EVENTS, action="ignored") == 1)
         assert health_of(stack) == {"GPU-a": {True}, "GPU-b": {True}}
         assert await register_annotation(stack) == {"GPU-a": True, "GPU-b": True}
         assert stack.plugin.servicer.version == sent  # no new ListAndWatch message
         assert stack.kubelet.registration_count(RESOURCE) == registrations
-        assert stack.plugin.metrics.unhealthy_gpus._value.get() == 0
+        assert sample(registry, "numafit_deviceplugin_unhealthy_gpus") == 0
 
 
 async def test_an_xid_file_marks_the_gpu_of_a_running_plugin_process(

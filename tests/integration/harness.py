@@ -1,6 +1,7 @@
 """An in-process numafit control plane for integration tests: the Kubernetes API emulator
 (spoken to by the real kubernetes_asyncio client), a real nats-server, svc_accounting and
-svc_refit, each with its own NATS connection as in production."""
+svc_refit, each wired by its package's spec as `numafit run` wires it (own NATS connection,
+Kubernetes client and metrics registry)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from shared import subjects
 from shared.accounting_client import AccountingClient
 from shared.kube_emulator import KubeEmulator
 from shared.service import natsconn
-from shared.service.kube import api_client
 from shared.service.kube_io import Kube
+from shared.service.wiring import InProcess
+from svc_accounting import service as accounting_service
 from svc_accounting.service import AccountingService
+from svc_refit import service as refit_service
 from svc_refit.service import RefitService
 
 
@@ -28,7 +31,7 @@ class Harness:
         self.emulator = emulator
         self.kubeconfig = kubeconfig
         self.nats_url = nats_url
-        self.closers: list[Callable[[], Any]] = []
+        self.wiring = InProcess(nats_url, kubeconfig)
         self.accounting: AccountingService | None = None
         self.refit: RefitService | None = None
         self.client_nc: Client | None = None
@@ -36,45 +39,33 @@ class Harness:
         self.accounting_reconnected = asyncio.Event()
 
     async def _kube(self, component: str) -> Kube:
-        api = await api_client(str(self.kubeconfig))
-        self.closers.append(api.close)
-        return Kube(api, component)
+        return await self.wiring.kube(component)
 
     async def _nats(self, name: str, hooks: list[natsconn.ReconnectHook] | None = None) -> Client:
-        nc = await natsconn.connect(self.nats_url, name, on_reconnect=hooks)
-        self.closers.append(nc.close)
-        return nc
+        return await self.wiring.nats(name, hooks)
 
     async def start(self) -> None:
         self.kube = await self._kube("test")
         self.client_nc = await self._nats("test-client")
         await self.start_accounting()
-        self.refit = RefitService(await self._nats("refit"), await self._kube("numafit-refit"))
-        await self.refit.start()
+        await self.start_refit()
 
     async def start_accounting(self) -> AccountingService:
-        hooks: list[natsconn.ReconnectHook] = []
-        accounting = AccountingService(
-            await self._nats("accounting", hooks), await self._kube("numafit-accounting")
-        )
-        hooks.append(accounting.on_reconnect)
-
         async def observed() -> None:  # runs after accounting's own hook
             self.accounting_reconnected.set()
 
-        hooks.append(observed)
-        await accounting.start()
-        self.accounting = accounting
-        return accounting
+        self.accounting = await self.wiring.start(
+            accounting_service.spec(), client_name="accounting", hooks=[observed]
+        )
+        return self.accounting
+
+    async def start_refit(self) -> RefitService:
+        self.refit = await self.wiring.start(refit_service.spec(), client_name="refit")
+        return self.refit
 
     async def stop(self) -> None:
-        if self.refit is not None:
-            await self.refit.stop(1.0)
-        if self.accounting is not None:
-            await self.accounting.stop(1.0)
-        for close in reversed(self.closers):
-            with contextlib.suppress(Exception):
-                await close()
+        """Stop every service (refit first), then close every client."""
+        await self.wiring.close(1.0)
 
     @property
     def client(self) -> AccountingClient:
@@ -131,8 +122,7 @@ async def harness(
             h.client_nc = await h._nats("test-client")
             await h.start_accounting()
             if with_refit:
-                h.refit = RefitService(await h._nats("refit"), await h._kube("numafit-refit"))
-                await h.refit.start()
+                await h.start_refit()
             yield h
         finally:
             await h.stop()

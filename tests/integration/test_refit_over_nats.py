@@ -14,11 +14,22 @@ import pytest
 from shared import subjects
 from shared.core import keys
 from shared.kube_emulator import KubeEmulator
-from shared.plan import load_case, run_plan
-from tests.builders import case, container, gpu, node, pod, refit_request
+from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import Harness, harness, wait_for
+from tests.metrics import refit_counter, reserved
 
 WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
+"""HAMi's worked example: init `prep` (30000 MiB, 60 %) on GPU-b, app `main` (20000 MiB, 30 %)
+on GPU-a; kubelet allows `main` only GPU-b."""
+MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"
+"""`main`'s entry moved to GPU-b; `prep`'s empty entry (nothing pending) kept."""
+MOVED_ALLOCATED = "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;"
+"""`prep`'s entry byte for byte, `main`'s on GPU-b."""
+MOVED_USAGE = {
+    "GPU-a": {"used": 0, "usedmem": 0, "usedcores": 0},
+    # prep runs to completion before main starts: one slot, the peak of the two phases.
+    "GPU-b": {"used": 1, "usedmem": 30000, "usedcores": 60},
+}
 
 
 def for_create(obj: dict[str, Any]) -> dict[str, Any]:
@@ -65,29 +76,22 @@ async def test_refit_moves_the_reservation_byte_for_byte(nats_url: str, tmp_path
 
         reply = await h.refit_request(request_for(created, 1, ["GPU-b"]))
 
-        # The core's answer for the same state, offline.
-        expected = run_plan(
-            load_case(case(node_obj, [created], request_for(created, 1, ["GPU-b"])))
-        ).to_json()
         assert reply == {
             "succeeded": True,
             "code": "moved",
             "containerDevices": "GPU-b,NVIDIA,20000,30:",
         }
         after = await annotations(h, "ml", "train")
-        assert (
-            after[keys.TO_ALLOCATE]
-            == expected["annotations"][keys.TO_ALLOCATE]
-            == ";GPU-b,NVIDIA,20000,30:;"
-        )
-        assert after[keys.ALLOCATED] == expected["annotations"][keys.ALLOCATED]
+        assert after[keys.TO_ALLOCATE] == MOVED_PENDING
+        assert after[keys.ALLOCATED] == MOVED_ALLOCATED
         # Ledger, published usage and the core agree.
         snapshot = await h.client.snapshot("node-1")
         state = snapshot["nodes"][0]
         await asyncio.wait_for(got_update.wait(), 5)
         last = usage_updates[-1]
         assert last["revision"] == state["revision"]
-        assert last["devices"] == expected["nodeUsage"]
+        assert last["devices"] == MOVED_USAGE
+        assert reserved(h.accounting, "node-1", MOVED_USAGE) == MOVED_USAGE
         # The event landed on the pod.
         assert h.kube is not None
 
@@ -134,38 +138,11 @@ async def test_two_refits_compete_for_the_last_capacity(nats_url: str, tmp_path:
         assert codes == ["moved", "no_fit"]
         loser = next(r for r in replies if r["code"] == "no_fit")
         assert loser["fitReasons"] == {"CardInsufficientMemory": 1}
-        snapshot = await h.client.snapshot("node-1")
-        usage = {u: v["usedmem"] for u, v in _usage(snapshot).items()}
-        assert usage == {"GPU-a": 20000, "GPU-b": 20000}
-
-
-def _usage(snapshot: dict[str, Any]) -> dict[str, dict[str, int]]:
-    state = snapshot["nodes"][0]
-    table: dict[str, dict[str, int]] = {
-        d["id"]: {"used": 0, "usedmem": 0, "usedcores": 0} for d in state["devices"]
-    }
-    loaded = load_case(
-        {
-            "node": {
-                "metadata": {
-                    "name": state["node"],
-                    "annotations": {keys.NODE_REGISTER: json.dumps(state["devices"])},
-                }
-            },
-            "pods": [p["pod"] for p in state["pods"]],
-            "request": {
-                "podUID": "x",
-                "podNamespace": "x",
-                "podName": "x",
-                "nodeName": state["node"],
-                "deviceType": "NVIDIA",
-                "allowedDeviceUUIDs": ["x"],
-            },
+        # GPU-b (30000 MiB) took one pod's 20000 MiB; the other stays on GPU-a.
+        assert reserved(h.accounting, "node-1", ["GPU-a", "GPU-b"]) == {
+            "GPU-a": {"used": 1, "usedmem": 20000, "usedcores": 0},
+            "GPU-b": {"used": 1, "usedmem": 20000, "usedcores": 0},
         }
-    )
-    assert loaded.node is not None
-    table.update(loaded.node.usage_table())
-    return table
 
 
 async def test_refit_racing_a_status_write_hits_409_and_loses_nothing(
@@ -191,7 +168,7 @@ async def test_refit_racing_a_status_write_hits_409_and_loses_nothing(
         # First attempt: 409 -> accounting re-read the pod -> conflict -> refit recomputed.
         assert reply["code"] == "moved"
         assert h.refit is not None
-        assert h.refit.metrics.commit_attempts.labels("conflict")._value.get() == 1
+        assert refit_counter(h.refit, "commit_attempts", result="conflict") == 1
         final = await h.pod("ml", "train")
         assert final["status"]["message"] == "kubelet was here"  # nothing lost
         assert final["metadata"]["annotations"][keys.TO_ALLOCATE] == ";GPU-b,NVIDIA,20000,30:;"
@@ -211,6 +188,12 @@ async def test_accounting_restart_rebuilds_the_same_ledger(nats_url: str, tmp_pa
         assert (await h.refit_request(request_for(created, 1, ["GPU-b"])))["code"] == "moved"
         before = await h.client.snapshot(subjects.ALL_NODES)
         assert h.accounting is not None
+        # train moved to GPU-b (prep's 30000 MiB, 60 % peak); first and second on GPU-a.
+        usage = {
+            "GPU-a": {"used": 2, "usedmem": 40000, "usedcores": 0},
+            "GPU-b": {"used": 1, "usedmem": 30000, "usedcores": 60},
+        }
+        assert reserved(h.accounting, "node-1", usage) == usage
         await h.accounting.stop(1.0)
         restarted = await h.start_accounting()
         after = await h.client.snapshot(subjects.ALL_NODES)
@@ -234,7 +217,7 @@ async def test_accounting_restart_rebuilds_the_same_ledger(nats_url: str, tmp_pa
             ]
 
         assert ledger(after) == ledger(before)
-        assert _usage(after) == _usage(before)
+        assert reserved(restarted, "node-1", usage) == usage
 
 
 @pytest.mark.parametrize(
@@ -290,7 +273,7 @@ async def test_bad_input_never_changes_state_and_the_service_keeps_serving(
         # ... and the service still serves.
         assert (await h.refit_request(request_for(created, 1, ["GPU-b"])))["code"] == "moved"
         assert h.refit is not None
-        assert h.refit.metrics.requests.labels("invalid_request", "best-effort")._value.get() >= 1
+        assert refit_counter(h.refit, "requests", code="invalid_request", mode="best-effort") >= 1
 
 
 async def test_accounting_refuses_stale_revisions_and_bad_operations(
@@ -438,7 +421,7 @@ async def test_refit_racing_a_consume_loses_cleanly(nats_url: str, tmp_path: Pat
         # and found nothing left to move: no write of its own, nothing of the consume lost.
         assert reply["code"] == "nothing_pending"
         assert h.refit is not None
-        assert h.refit.metrics.commit_attempts.labels("conflict")._value.get() == 1
+        assert refit_counter(h.refit, "commit_attempts", result="conflict") == 1
         final = await annotations(h, "ml", "train")
         assert final[keys.TO_ALLOCATE] == ";;"
         assert final[keys.ALLOCATED] == created["metadata"]["annotations"][keys.ALLOCATED]

@@ -16,8 +16,11 @@ from svc_deviceplugin.service import DevicePluginService
 from svc_scheduler.service import SchedulerService
 from tests.integration.harness import harness
 from tests.integration.processes import free_port
+from tests.metrics import sample
 
 TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "topology.yaml"
+ALLOCATIONS = "numafit_deviceplugin_allocations_total"
+REFIT_REQUESTS = "numafit_refit_requests_total"
 
 
 def test_workload_mix_is_deterministic_and_valid() -> None:
@@ -87,11 +90,13 @@ async def test_sim_node_places_pods_through_the_real_services(
                 await plugin.stop(1.0)
                 await plugin_nc.close()
                 await scheduler.stop(1.0)
-            placed = plugin.metrics.allocations.labels("ok")._value.get()
+            placed = sample(plugin.metrics.registry, ALLOCATIONS, result="ok")
             assert placed >= 4
             assert h.refit is not None
-            moved = h.refit.metrics.requests.labels("moved", "best-effort")._value.get()
-            moved += h.refit.metrics.requests.labels("moved", "strict")._value.get()
+            moved = sum(
+                sample(h.refit.metrics.registry, REFIT_REQUESTS, code="moved", mode=mode)
+                for mode in ("best-effort", "strict")
+            )
             assert moved >= 1
             # At most --max-pods remain tracked after the deletions.
             snapshot = await h.client.snapshot("sim-node-1")

@@ -18,6 +18,7 @@ import pytest
 from shared.accounting_client import AccountingUnavailable
 from shared.core import keys
 from tests.integration.harness import harness
+from tests.metrics import refit_counter
 from tests.refit.helpers import request_for, worked_objects
 
 MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"  # the worked example's answer (README)
@@ -46,7 +47,7 @@ async def test_a_move_whose_answer_is_lost_is_reported_moved_when_it_landed(
         }
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
         assert stored[keys.TO_ALLOCATE] == MOVED_PENDING
-        assert h.refit.metrics.uncertain.labels("landed")._value.get() == 1
+        assert refit_counter(h.refit, "uncertain_commits", outcome="landed") == 1
 
 
 async def test_a_move_that_did_not_land_is_not_reported_moved(
@@ -71,7 +72,7 @@ async def test_a_move_that_did_not_land_is_not_reported_moved(
         assert (reply["succeeded"], reply["code"]) == (False, "deadline_exceeded")
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
         assert stored == created["metadata"]["annotations"]
-        assert h.refit.metrics.uncertain.labels("not_landed")._value.get() == 1
+        assert refit_counter(h.refit, "uncertain_commits", outcome="not_landed") == 1
 
 
 async def test_a_write_that_outlives_accountings_deadline_is_found_and_reported_moved(
@@ -90,7 +91,7 @@ async def test_a_write_that_outlives_accountings_deadline_is_found_and_reported_
         assert reply["code"] == "moved", reply
         assert elapsed < 1.0
         assert h.refit is not None  # accounting said it gave up; the check found the write
-        assert h.refit.metrics.commit_attempts.labels("deadline_exceeded")._value.get() == 1
-        assert h.refit.metrics.uncertain.labels("landed")._value.get() == 1
+        assert refit_counter(h.refit, "commit_attempts", result="deadline_exceeded") == 1
+        assert refit_counter(h.refit, "uncertain_commits", outcome="landed") == 1
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
         assert stored[keys.TO_ALLOCATE] == MOVED_PENDING

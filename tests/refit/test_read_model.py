@@ -15,6 +15,7 @@ import orjson
 from shared import subjects
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
+from tests.metrics import refit_counter
 from tests.refit.helpers import for_create, request_for, worked_objects
 
 
@@ -141,11 +142,11 @@ async def test_usage_updates_keep_the_view_current_without_fetching(
             request_for(first, containerIndex=0, containerName="app", allowedDeviceUUIDs=["GPU-b"])
         )
         assert reply["code"] == "moved"
-        fetched = h.refit.metrics.snapshots._value.get()
+        fetched = refit_counter(h.refit, "snapshots")
         # The second pod's entry came with the first snapshot; the first move's usage came
         # with accounting's update: the refusal needs no fetch at all.
         reply = await h.refit_request(
             request_for(second, containerIndex=0, containerName="app", allowedDeviceUUIDs=["GPU-b"])
         )
         assert reply["code"] == "no_fit" and reply["fitReasons"] == {"CardInsufficientMemory": 1}
-        assert h.refit.metrics.snapshots._value.get() == fetched
+        assert refit_counter(h.refit, "snapshots") == fetched

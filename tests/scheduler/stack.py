@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from shared.core import keys
-from svc_scheduler.service import SchedulerService
+from svc_scheduler.service import SchedulerOptions, SchedulerService, spec
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness
 
@@ -56,21 +56,16 @@ class Stack:
 async def stack(
     nats_url: str, tmp_path: Path, objects: list[tuple[str, dict[str, Any]]], **options: Any
 ) -> AsyncIterator[Stack]:
+    """`options`: SchedulerOptions fields (the listener is always 127.0.0.1 on a free port)."""
     async with harness(nats_url, tmp_path, objects, with_refit=False) as h:
-        scheduler = SchedulerService(
-            await h._nats("scheduler"),
-            await h._kube("numafit-scheduler"),
-            host="127.0.0.1",
-            port=0,
-            **options,
-        )
-        await scheduler.start()
+        chosen = SchedulerOptions(host="127.0.0.1", port=0, **options)
+        scheduler = await h.wiring.start(spec(chosen), client_name="scheduler")
         try:
             async with aiohttp.ClientSession() as session:
                 await scheduler.read_model.ready.wait()
                 yield Stack(h, scheduler, session)
         finally:
-            await scheduler.stop(1.0)
+            await h.wiring.stop(scheduler, 1.0)
 
 
 def for_create(obj: dict[str, Any]) -> dict[str, Any]:

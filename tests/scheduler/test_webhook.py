@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from shared.core import keys
-from svc_scheduler.emulator_admission import WEBHOOK_NAME, emulator_admission_hook
+from shared.kube_emulator.scheduler_webhook import WEBHOOK_NAME, emulator_admission_hook
 from svc_scheduler.webhook import PodAdmission
 from tests.builders import container, quota
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes

@@ -21,7 +21,7 @@ from shared.service.health import Readiness
 from shared.service.kube_io import Kube
 from shared.service.runner import ServiceFailed, serve
 from shared.service.settings import CommonSettings
-from shared.service.tasks import TaskSet
+from shared.service.supervisor import Supervisor
 from tests.integration.processes import free_port
 
 
@@ -31,14 +31,15 @@ class Probe:
     def __init__(self, nc: Client, readiness: Readiness, eternal: bool) -> None:
         self.nc = nc
         self.readiness = readiness
-        self.tasks = TaskSet(on_fatal=readiness.fail)
+        self.supervisor = Supervisor("probe", on_fatal=readiness.fail)
         self.eternal = eternal
         self.crash = asyncio.Event()
         self.stopped = False
 
     async def start(self) -> None:
+        await self.supervisor.start()
         if self.eternal:
-            self.tasks.spawn(self._loop(), "probe-loop", eternal=True)
+            self.supervisor.spawn(self._loop(), "probe-loop", eternal=True)
         self.readiness.set("probe")
 
     async def _loop(self) -> None:
@@ -47,7 +48,7 @@ class Probe:
 
     async def stop(self, grace: float) -> None:
         self.stopped = True
-        await self.tasks.stop(grace)
+        await self.supervisor.stop(grace)
 
 
 def settings(url: str, port: int) -> CommonSettings:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from shared import subjects
 from shared.core import codec, keys
@@ -18,7 +17,7 @@ from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.model import DeviceInfo, NodeSnapshot
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger, QuotaLimit
-from shared.ledger_wire import NodeState
+from shared.messages import NodeState
 
 
 def newer(candidate: str, known: str) -> bool:
@@ -242,18 +241,3 @@ def allocating_pod(node: NodeLedger, now: int, exclude: str = "") -> TrackedPod 
 
 def _int(text: str | None) -> int:
     return int(text) if text is not None and text.isdigit() else 0
-
-
-def pending_entries(tracked: TrackedPod) -> list[dict[str, Any]]:
-    """The non-empty to-allocate entries with their container positions and names."""
-    rows = tracked.pending_rows or ()
-    names = [c.name for c in tracked.pod.containers]
-    return [
-        {
-            "index": i,
-            "containerName": names[i] if i < len(names) else "",
-            "devices": codec.encode_container(entry),
-        }
-        for i, entry in enumerate(rows)
-        if entry and i < len(names)
-    ]

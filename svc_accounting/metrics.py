@@ -11,28 +11,15 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared import subjects
+from shared import codes, subjects
+from shared.codes import Code
 from svc_accounting.ledger import NodeLedger
 
-RESULTS = (
-    "ok",
-    "invalid_request",
-    "unauthorized",
-    "node_unavailable",
-    "pod_not_tracked",
-    "pod_mismatch",
-    "node_mismatch",
-    "container_out_of_range",
-    "annotation_invalid",
-    "nothing_pending",
-    "no_fit",
-    "quota_exceeded",
-    "conflict",
-    "deadline_exceeded",
-    "api_error",
-    "internal_error",
-)
-"""Every `result` label of numafit_accounting_commits_total: `ok` or a refusal code."""
+INTERNAL_ERROR = "internal_error"
+"""The `result` of an operation that failed inside accounting (answered `api_error`)."""
+RESULTS = (*(c.value for c in Code if c in codes.ACCOUNTING), INTERNAL_ERROR)
+"""Every `result` label of numafit_accounting_commits_total: `ok`, a refusal code (every code
+an accounting reply carries, `shared.codes.ACCOUNTING`) or `internal_error`."""
 
 
 class AccountingMetrics:
@@ -85,10 +72,12 @@ class AccountingMetrics:
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
 
-    def result(self, op: str, code: str) -> None:
+    def result(self, op: str, code: Code | None) -> None:
+        """Count one operation: its reply's code, or None when it failed inside accounting."""
         if op not in subjects.ACCOUNTING_OPS:
             return
-        self.commits.labels(op, code if code in RESULTS else "internal_error").inc()
+        label = code.value if code is not None and code in codes.ACCOUNTING else INTERNAL_ERROR
+        self.commits.labels(op, label).inc()
 
     def node(self, node: NodeLedger) -> None:
         self.revision.labels(node.name).set(node.revision)

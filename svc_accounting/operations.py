@@ -24,12 +24,15 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Final, TypedDict, TypeVar
 
-from shared import subjects
+import msgspec
+
+from shared import messages, subjects
+from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.accounting import Rows, TrackedPod
 from shared.core.commit_check import check_commit
@@ -37,19 +40,34 @@ from shared.core.consume import ConsumeError, ConsumePlan, plan_consume
 from shared.core.errors import CoreError
 from shared.core.model import ContainerEntry, ContainerKind
 from shared.core.pods import PodInfo, pod_from_object
-from shared.ledger_wire import node_state_to_wire, quota_to_wire, tracked_to_wire
+from shared.messages import (
+    AccountingReply,
+    AccountingRequest,
+    BindPhaseReply,
+    BindPhaseRequest,
+    ConsumeReply,
+    ConsumeRequest,
+    MessageError,
+    MoveReply,
+    MoveRequest,
+    NodeStateWire,
+    PendingPod,
+    PendingReply,
+    PendingRequest,
+    QuotaWire,
+    RegisterReply,
+    RegisterRequest,
+    ReserveReply,
+    ReserveRequest,
+    SnapshotReply,
+    SnapshotRequest,
+    TrackedPodWire,
+)
 from shared.service import kube_io
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.subjects import InvalidName, shown
-from shared.wire import Reader, WireError
-from svc_accounting.ledger import (
-    Ledger,
-    NodeLedger,
-    allocating_pod,
-    pending_entries,
-    pending_pod,
-)
+from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
 
 log = logging.getLogger("numafit.accounting")
 
@@ -67,6 +85,10 @@ the loop first)."""
 MAX_ERROR_LENGTH = 300
 """Error texts in replies (and log lines) are cut to this many characters."""
 NO_WRITE_OPS = frozenset({"pending", "snapshot"})
+"""Operations that change nothing: served without the node's lock."""
+UNLOCKED_NODE_OPS = frozenset({*NO_WRITE_OPS, "register"})
+"""Operations allowed on a node the ledger does not know (reads answer empty; register's
+Node object is what brings a node in)."""
 
 
 _DEADLINE: ContextVar[Deadline | None] = ContextVar("numafit_accounting_deadline", default=None)
@@ -77,17 +99,41 @@ _OBSERVED: ContextVar[set[str] | None] = ContextVar("numafit_accounting_observed
 P = TypeVar("P")
 
 
+class _Addressed(msgspec.Struct, frozen=True):
+    """A request's `node` of any type, read only when the typed decode failed: so that the
+    subject, the node name and whether accounting knows the node are judged first, as for a
+    readable request (a body this cannot read is not a JSON object at all)."""
+
+    node: object = None
+
+
+_ADDRESSED: Final = msgspec.json.Decoder(_Addressed)
+
+
+class _Head(TypedDict):
+    """The fields every accounting reply starts with."""
+
+    ok: bool
+    code: str
+    epoch: str
+    node: str | None
+    revision: int | None
+
+
 def bounded(message: str, limit: int = MAX_ERROR_LENGTH) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 class Refused(Exception):
-    """An operation refused with a DESIGN.md code (`extra` goes into the reply)."""
+    """An operation refused with a DESIGN.md code (`fit_reasons`, HAMi's reason names with
+    counts, go into a reserve or move reply)."""
 
-    def __init__(self, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self, code: Code, message: str, *, fit_reasons: Mapping[str, int] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
-        self.extra = extra
+        self.fit_reasons = fit_reasons
 
 
 class _Stale(Exception):
@@ -96,8 +142,12 @@ class _Stale(Exception):
 
 @dataclass
 class Outcome:
-    reply: dict[str, Any]
+    reply: AccountingReply
     changed: set[str]
+
+    @property
+    def code(self) -> Code:
+        return Code(self.reply.code)
 
 
 def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
@@ -121,15 +171,6 @@ class Operations:
         """One lock per node while anyone holds or waits for it: the map never keeps a lock
         nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.on_drift = on_drift
-        self.handlers: dict[str, Callable[[str, Reader], Awaitable[Outcome]]] = {
-            "reserve": self.reserve,
-            "bind-phase": self.bind_phase,
-            "move": self.move,
-            "consume": self.consume,
-            "pending": self.pending,
-            "snapshot": self.snapshot,
-            "register": self.register,
-        }
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -140,17 +181,20 @@ class Operations:
             self.locks[name] = lock
         return lock
 
-    def _base(self, node: NodeLedger | None) -> dict[str, Any]:
-        reply: dict[str, Any] = {"ok": True, "code": "ok", "epoch": self.ledger.epoch}
-        if node is not None:
-            reply["node"] = node.name
-            reply["revision"] = node.revision
-        return reply
+    def _ok(self, node: NodeLedger | None) -> _Head:
+        """A success's head: the node's name and revision when accounting knows it."""
+        return _Head(
+            ok=True,
+            code=Code.OK,
+            epoch=self.ledger.epoch,
+            node=None if node is None else node.name,
+            revision=None if node is None else node.revision,
+        )
 
     def _known(self, name: str) -> NodeLedger:
         node = self.ledger.get(name)
         if node is None:
-            raise Refused("node_unavailable", f"node {name} is not known to accounting")
+            raise Refused(Code.NODE_UNAVAILABLE, f"node {name} is not known to accounting")
         return node
 
     def _budget(self) -> float:
@@ -163,7 +207,7 @@ class Operations:
         budget = min(deadline.remaining(), self.write_timeout)
         if budget < MIN_WRITE_BUDGET:
             raise Refused(
-                "deadline_exceeded", f"only {int(budget * 1000)} ms of the caller's budget left"
+                Code.DEADLINE_EXCEEDED, f"only {int(budget * 1000)} ms of the caller's budget left"
             )
         return budget
 
@@ -194,19 +238,21 @@ class Operations:
                 )
         except TimeoutError as exc:
             raise Refused(
-                "deadline_exceeded", f"patch of pod {pod.key} did not finish in {budget:.3f}s"
+                Code.DEADLINE_EXCEEDED, f"patch of pod {pod.key} did not finish in {budget:.3f}s"
             ) from exc
         except kube_io.Conflict as exc:
             raise _Stale(str(exc)) from exc
         except kube_io.NotFound as exc:
             self._forget(pod.uid)
-            raise Refused("pod_not_tracked", f"pod {pod.key} no longer exists") from exc
+            raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} no longer exists") from exc
         except kube_io.KubeError as exc:
-            raise Refused("api_error", f"cannot patch pod annotations: {exc}") from exc
+            raise Refused(Code.API_ERROR, f"cannot patch pod annotations: {exc}") from exc
         try:
             written = pod_from_object(body)
         except CoreError as exc:
-            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
+            raise Refused(
+                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
+            ) from exc
         return written, self._observe(written)
 
     async def _patch_pod(
@@ -219,7 +265,7 @@ class Operations:
             return await self._patch(pod, annotations)
         except _Stale as exc:
             await self._refresh(pod)
-            raise Refused("conflict", f"cannot patch pod annotations: {exc}") from exc
+            raise Refused(Code.CONFLICT, f"cannot patch pod annotations: {exc}") from exc
 
     async def _write_rereading(
         self,
@@ -244,7 +290,7 @@ class Operations:
                     or not unchanged(first, fresh)
                     or attempt == MAX_REAPPLY
                 ):
-                    raise Refused("conflict", f"cannot patch pod annotations: {exc}") from exc
+                    raise Refused(Code.CONFLICT, f"cannot patch pod annotations: {exc}") from exc
                 current = fresh
                 planned = plan(current)
                 continue
@@ -259,16 +305,18 @@ class Operations:
             async with asyncio.timeout(budget):
                 body = await self.kube.get_pod(pod.namespace, pod.name)
         except TimeoutError as exc:
-            raise Refused("deadline_exceeded", f"re-reading pod {pod.key} timed out") from exc
+            raise Refused(Code.DEADLINE_EXCEEDED, f"re-reading pod {pod.key} timed out") from exc
         except kube_io.NotFound:
             self._forget(pod.uid)
             return None
         except kube_io.KubeError as exc:
-            raise Refused("api_error", f"cannot re-read pod {pod.key}: {exc}") from exc
+            raise Refused(Code.API_ERROR, f"cannot re-read pod {pod.key}: {exc}") from exc
         try:
             fresh = pod_from_object(body)
         except CoreError as exc:
-            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
+            raise Refused(
+                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
+            ) from exc
         if fresh.uid != pod.uid:
             self._forget(pod.uid)
             return None
@@ -288,8 +336,8 @@ class Operations:
         if tracked is None:
             where = self.ledger.pod_node.get(uid)
             if where is not None:
-                raise Refused("node_mismatch", f"pod {shown(uid)} is tracked on node {where}")
-            raise Refused("pod_not_tracked", f"pod {shown(uid)} is not tracked")
+                raise Refused(Code.NODE_MISMATCH, f"pod {shown(uid)} is tracked on node {where}")
+            raise Refused(Code.POD_NOT_TRACKED, f"pod {shown(uid)} is not tracked")
         return tracked
 
     def _check_fit(
@@ -305,7 +353,7 @@ class Operations:
         """The single writer's own fit check on its ledger (whoever asked for the commit)."""
         snapshot = node.snapshot
         if snapshot is None:
-            raise Refused("node_unavailable", f"node {node.name} unavailable: node unregistered")
+            raise Refused(Code.NODE_UNAVAILABLE, f"node {node.name} unavailable: node unregistered")
         verdict = check_commit(
             snapshot,
             tracked,
@@ -320,60 +368,70 @@ class Operations:
         reasons = dict(sorted(verdict.reasons.items()))
         if verdict.quota_only:
             raise Refused(
-                "quota_exceeded",
+                Code.QUOTA_EXCEEDED,
                 f"{what} would exceed the NVIDIA resource quota in namespace {namespace}",
-                fitReasons=reasons,
+                fit_reasons=reasons,
             )
         raise Refused(
-            "no_fit",
+            Code.NO_FIT,
             f"{what} does not fit node {node.name}: {verdict.reason_text}",
-            fitReasons=reasons,
+            fit_reasons=reasons,
         )
 
     # --- operations -------------------------------------------------------------------------
 
-    async def reserve(self, name: str, r: Reader) -> Outcome:
+    async def reserve(self, name: str, r: ReserveRequest) -> Outcome:
         """Record the scheduler's decision: vgpu-node, vgpu-time and both allocation
         annotations (identical at this point), dropping any earlier reservation of the pod."""
         node = self._known(name)
-        revision = r.integer("revision", minimum=0)
+        revision = r.revision
         if revision != node.revision:
             raise Refused(
-                "conflict",
+                Code.CONFLICT,
                 f"node {name} is at revision {node.revision}, the request was computed "
                 f"on {revision}",
             )
         if node.devices is None:
-            raise Refused("node_unavailable", f"node {name} unavailable: node unregistered")
-        value = r.text("allocated")
+            raise Refused(Code.NODE_UNAVAILABLE, f"node {name} unavailable: node unregistered")
+        value = r.allocated
         try:
             rows = codec.decode_pod(value)
         except CoreError as exc:
-            raise Refused("annotation_invalid", f"allocated value does not decode: {exc}") from exc
+            raise Refused(
+                Code.ANNOTATION_INVALID, f"allocated value does not decode: {exc}"
+            ) from exc
         inventory = {d.id for d in node.devices}
         unknown = sorted({d.uuid for e in rows for d in e} - inventory)
         if unknown:
-            raise Refused("invalid_request", f"node {name} has no GPU {shown(', '.join(unknown))}")
-        uid, namespace, pod_name = r.text("podUID"), r.text("podNamespace"), r.text("podName")
+            raise Refused(
+                Code.INVALID_REQUEST, f"node {name} has no GPU {shown(', '.join(unknown))}"
+            )
+        uid, namespace, pod_name = r.pod_uid, r.pod_namespace, r.pod_name
         for label, text in (("podNamespace", namespace), ("podName", pod_name)):
             if not subjects.valid_name(text):
-                raise Refused("invalid_request", f"{label} {shown(text)} is not a Kubernetes name")
+                raise Refused(
+                    Code.INVALID_REQUEST, f"{label} {shown(text)} is not a Kubernetes name"
+                )
         budget = self._budget()
         try:
             async with asyncio.timeout(budget):
                 pod = pod_from_object(await self.kube.get_pod(namespace, pod_name))
         except TimeoutError as exc:
-            raise Refused("deadline_exceeded", f"reading pod {namespace}/{pod_name}") from exc
+            raise Refused(Code.DEADLINE_EXCEEDED, f"reading pod {namespace}/{pod_name}") from exc
         except kube_io.NotFound as exc:
-            raise Refused("pod_not_tracked", f"pod {namespace}/{pod_name} does not exist") from exc
+            raise Refused(
+                Code.POD_NOT_TRACKED, f"pod {namespace}/{pod_name} does not exist"
+            ) from exc
         except kube_io.KubeError as exc:
-            raise Refused("api_error", str(exc)) from exc
+            raise Refused(Code.API_ERROR, str(exc)) from exc
         except CoreError as exc:
-            raise Refused("api_error", f"the API server returned an unusable pod: {exc}") from exc
+            raise Refused(
+                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
+            ) from exc
         if pod.uid != uid:
-            raise Refused("pod_mismatch", f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
+            raise Refused(Code.POD_MISMATCH, f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
         if pod.terminal:
-            raise Refused("invalid_request", f"pod {pod.key} has already ended")
+            raise Refused(Code.INVALID_REQUEST, f"pod {pod.key} has already ended")
         old = self.ledger.tracked(uid)
         released = (old is not None and old.released) or pod.init_released()
         self._check_fit(node, old, rows, pod.kinds, released, pod.namespace, f"pod {pod.key}")
@@ -388,17 +446,16 @@ class Operations:
                 keys.BIND_TIME: None,
             },
         )
-        reply = self._base(node)
-        reply["podResourceVersion"] = written.resource_version
+        reply = ReserveReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed | {name})
 
-    async def bind_phase(self, name: str, r: Reader) -> Outcome:
+    async def bind_phase(self, name: str, r: BindPhaseRequest) -> Outcome:
         node = self._known(name)
-        tracked = self._tracked_here(node, r.text("podUID"))
-        phase = r.text("phase")
+        tracked = self._tracked_here(node, r.pod_uid)
+        phase = r.phase
         allowed = (keys.PHASE_ALLOCATING, keys.PHASE_SUCCESS, keys.PHASE_FAILED)
         if phase not in allowed:
-            raise Refused("invalid_request", f"phase must be one of {', '.join(allowed)}")
+            raise Refused(Code.INVALID_REQUEST, f"phase must be one of {', '.join(allowed)}")
 
         def plan(current: TrackedPod) -> dict[str, str | None]:
             annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
@@ -409,7 +466,7 @@ class Operations:
                     # HAMi's node lock: one pod allocates at a time, so the plugin's `pending`
                     # always names the pod kubelet is admitting.
                     raise Refused(
-                        "conflict",
+                        Code.CONFLICT,
                         f"node {name} is still allocating pod {busy.pod.key}; bind again once "
                         "it is admitted",
                     )
@@ -423,19 +480,16 @@ class Operations:
         _, _, written, changed = await self._write_rereading(
             name, tracked, plan, lambda a: a, unchanged
         )
-        reply = self._base(node)
-        reply["podResourceVersion"] = written.resource_version
+        reply = BindPhaseReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed)
 
-    async def move(self, name: str, r: Reader) -> Outcome:
+    async def move(self, name: str, r: MoveRequest) -> Outcome:
         """The refit's commit: both annotation values, computed at `revision` (or, when the
         node moved on meanwhile, on the pod at `podResourceVersion`, unchanged since)."""
         node = self._known(name)
-        uid = r.text("podUID")
-        revision = r.integer("revision", minimum=0)
-        pod_version = r.opt_text("podResourceVersion")
-        index = r.integer("containerIndex", minimum=0)
-        new_pending, new_allocated = r.text("toAllocate"), r.text("allocated")
+        uid, revision, pod_version = r.pod_uid, r.revision, r.pod_resource_version
+        index = r.container_index
+        new_pending, new_allocated = r.to_allocate, r.allocated
         tracked = self._tracked_here(node, uid)
         if revision != node.revision and (
             not pod_version or pod_version != tracked.pod.resource_version
@@ -446,16 +500,16 @@ class Operations:
                 else ""
             )
             raise Refused(
-                "conflict",
+                Code.CONFLICT,
                 f"node {name} is at revision {node.revision}, the request was computed "
                 f"on {revision}{pod_note}",
             )
         if node.devices is None:
-            raise Refused("node_unavailable", f"node {name} unavailable: node unregistered")
+            raise Refused(Code.NODE_UNAVAILABLE, f"node {name} unavailable: node unregistered")
         containers = len(tracked.pod.containers)
         if index >= containers:
             raise Refused(
-                "container_out_of_range",
+                Code.CONTAINER_OUT_OF_RANGE,
                 f"container index {index} is outside the pod's containers (0..{containers - 1})",
             )
         for label, old_raw, new_raw in (
@@ -464,18 +518,20 @@ class Operations:
         ):
             if not codec.only_entry_changed(old_raw, new_raw, index):
                 raise Refused(
-                    "invalid_request", f"{label} changes more than container {index}'s entry"
+                    Code.INVALID_REQUEST, f"{label} changes more than container {index}'s entry"
                 )
         try:
             rows = codec.decode_pod(new_allocated)
             codec.decode_pod(new_pending)
         except CoreError as exc:
-            raise Refused("annotation_invalid", str(exc)) from exc
+            raise Refused(Code.ANNOTATION_INVALID, str(exc)) from exc
         if index >= len(rows) or not rows[index]:
-            raise Refused("invalid_request", f"container {index} moves to no GPU")
+            raise Refused(Code.INVALID_REQUEST, f"container {index} moves to no GPU")
         inventory = {d.id for d in node.devices}
         if any(d.uuid not in inventory for d in rows[index]):
-            raise Refused("invalid_request", f"container {index} moves to a GPU node {name} lacks")
+            raise Refused(
+                Code.INVALID_REQUEST, f"container {index} moves to a GPU node {name} lacks"
+            )
         self._check_fit(
             node,
             tracked,
@@ -488,27 +544,25 @@ class Operations:
         written, changed = await self._patch_pod(
             tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
         )
-        reply = self._base(node)
-        reply["podResourceVersion"] = written.resource_version
+        reply = MoveReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed)
 
-    async def consume(self, name: str, r: Reader) -> Outcome:
+    async def consume(self, name: str, r: ConsumeRequest) -> Outcome:
         node = self._known(name)
-        uid = r.opt_text("podUID")
+        uid = r.pod_uid
         tracked = self._tracked_here(node, uid) if uid else pending_pod(node)
         if tracked is None:
-            raise Refused("nothing_pending", f"node {name} has no pod waiting for allocation")
-        devices = r.texts("devices", max_items=64)
-        requested = r.opt_integer("containerIndex")
+            raise Refused(Code.NOTHING_PENDING, f"node {name} has no pod waiting for allocation")
+        devices, requested = r.devices, r.container_index
         known = frozenset(d.id for d in node.devices or ())
 
         def plan(current: TrackedPod, index: int | None) -> ConsumePlan:
             try:
                 return plan_consume(current, devices, index, known)
             except ConsumeError as exc:
-                raise Refused("invalid_request", str(exc)) from exc
+                raise Refused(Code.INVALID_REQUEST, str(exc)) from exc
             except CoreError as exc:
-                raise Refused("annotation_invalid", str(exc)) from exc
+                raise Refused(Code.ANNOTATION_INVALID, str(exc)) from exc
 
         index = plan(tracked, requested).index
 
@@ -533,145 +587,198 @@ class Operations:
                 f"{', '.join(d.uuid for d in consumed.allocated_entry)}, not the reserved "
                 f"{', '.join(d.uuid for d in consumed.reserved)}; accounting follows what runs",
             )
-        reply = self._base(node)
-        reply.update(
-            {
-                "podUID": tracked.pod.uid,
-                "podNamespace": tracked.pod.namespace,
-                "podName": tracked.pod.name,
-                "containerIndex": consumed.index,
-                "containerName": tracked.pod.containers[consumed.index].name,
-                "containerDevices": codec.encode_container(consumed.allocated_entry),
-                "drifted": consumed.drifted,
-                "bindPhase": consumed.annotations.get(keys.BIND_PHASE, ""),
-            }
+        reply = ConsumeReply(
+            **self._ok(node),
+            pod_uid=tracked.pod.uid,
+            pod_namespace=tracked.pod.namespace,
+            pod_name=tracked.pod.name,
+            container_index=consumed.index,
+            container_name=tracked.pod.containers[consumed.index].name,
+            container_devices=codec.encode_container(consumed.allocated_entry),
+            drifted=consumed.drifted,
+            bind_phase=consumed.annotations.get(keys.BIND_PHASE, ""),
         )
         return Outcome(reply, changed)
 
-    async def pending(self, name: str, r: Reader) -> Outcome:
+    async def pending(self, name: str, r: PendingRequest) -> Outcome:
         node = self.ledger.get(name)
-        reply = self._base(node)
-        reply["node"] = name
         tracked = None if node is None else pending_pod(node)
-        if tracked is None:
-            reply["pod"] = None
-        else:
-            pod = tracked.pod
-            reply["pod"] = {
-                "uid": pod.uid,
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "numaAlignment": pod.annotations.get(keys.NUMA_ALIGNMENT),
-                "entries": pending_entries(tracked),
-            }
-        return Outcome(reply, set())
+        head = self._ok(node)
+        head["node"] = name
+        pod = None if tracked is None else PendingPod.from_tracked(tracked)
+        return Outcome(PendingReply(**head, pod=pod), set())
 
-    async def snapshot(self, name: str, r: Reader) -> Outcome:
+    async def snapshot(self, name: str, r: SnapshotRequest) -> Outcome:
+        more: bool | None = None
+        after: str | None = None
         if name == subjects.ALL_NODES:
             # Paged by node name: a whole cluster does not fit one NATS message (1 MiB).
-            after = r.text("after", "")
-            limit = min(r.integer("limit", SNAPSHOT_PAGE, minimum=1), SNAPSHOT_PAGE_MAX)
+            after = r.after or ""
+            limit = min(r.limit or SNAPSHOT_PAGE, SNAPSHOT_PAGE_MAX)
             names = sorted(n for n in self.ledger.nodes if n > after)
             page = names[:limit]
             nodes = [self.ledger.nodes[n] for n in page]
-            reply = self._base(None)
-            reply["more"] = len(names) > limit
-            reply["next"] = page[-1] if page else after
+            head = self._ok(None)
+            more = len(names) > limit
+            after = page[-1] if page else after
         else:
             # A node the ledger does not know: an empty answer, and nothing is created.
             known = self.ledger.get(name)
             nodes = [] if known is None else [known]
-            reply = self._base(known)
-            reply["node"] = name
-        reply["nodes"] = [node_state_to_wire(n.state()) for n in nodes]
-        uid = r.opt_text("podUID")
-        if uid:
-            tracked = self.ledger.tracked(uid)
-            reply["pod"] = None if tracked is None else tracked_to_wire(tracked)
-        namespace = r.opt_text("namespace")
-        if namespace:
-            reply["quota"] = quota_to_wire(self.ledger.quota, namespace)
+            head = self._ok(known)
+            head["node"] = name
+        pod: TrackedPodWire | msgspec.UnsetType | None = msgspec.UNSET
+        if r.pod_uid:
+            tracked = self.ledger.tracked(r.pod_uid)
+            pod = None if tracked is None else TrackedPodWire.from_core(tracked)
+        reply = SnapshotReply(
+            **head,
+            more=more,
+            next=after,
+            nodes=tuple(NodeStateWire.from_state(n.state()) for n in nodes),
+            pod=pod,
+            quota=QuotaWire.from_ledger(self.ledger.quota, r.namespace) if r.namespace else None,
+        )
         return Outcome(reply, set())
 
-    async def register(self, name: str, r: Reader) -> Outcome:
+    async def register(self, name: str, r: RegisterRequest) -> Outcome:
         """Write the node's GPU inventory as HAMi's register annotation. The Node object the
         API server returns is what enters the ledger (a node not seen yet included)."""
-        items = r.objects("devices")
         try:
-            devices = codec.parse_register_items(items)
-        except CoreError as exc:
-            raise Refused("invalid_request", f"devices: {exc}") from exc
+            devices = messages.devices_to_core(r.devices)
+        except MessageError as exc:
+            raise Refused(Code.INVALID_REQUEST, str(exc)) from exc
         value = codec.encode_register(devices)
         budget = self._budget()
         try:
             async with asyncio.timeout(budget):
                 body = await self.kube.patch_node_annotations(name, {keys.NODE_REGISTER: value})
         except TimeoutError as exc:
-            raise Refused("deadline_exceeded", f"patch of node {name} timed out") from exc
+            raise Refused(Code.DEADLINE_EXCEEDED, f"patch of node {name} timed out") from exc
         except kube_io.NotFound as exc:
-            raise Refused("node_unavailable", f"node {name} does not exist") from exc
+            raise Refused(Code.NODE_UNAVAILABLE, f"node {name} does not exist") from exc
         except kube_io.KubeError as exc:
-            raise Refused("api_error", str(exc)) from exc
+            raise Refused(Code.API_ERROR, str(exc)) from exc
         meta = body.get("metadata") if isinstance(body, dict) else None
         annotations = (meta.get("annotations") if isinstance(meta, dict) else None) or {}
         if not isinstance(annotations, dict):
-            raise Refused("api_error", f"node {name}: annotations are not an object")
+            raise Refused(Code.API_ERROR, f"node {name}: annotations are not an object")
         changed = {name} if self.ledger.set_node(name, annotations) else set()
-        return Outcome(self._base(self.ledger.get(name)), changed)
+        return Outcome(RegisterReply(**self._ok(self.ledger.get(name))), changed)
 
     # --- dispatch ---------------------------------------------------------------------------
 
-    async def handle(self, op: str, node_token: str, body: Mapping[str, Any]) -> Outcome:
-        """Run one operation; refusals and bad input become replies, never exceptions."""
-        reader = Reader(body, op)
+    async def handle(self, op: str, node_token: str, data: bytes) -> Outcome:
+        """Decode and run one operation; refusals and bad input become replies, never
+        exceptions. The checks, in order: the body is a JSON object (else a reply without
+        epoch), the subject token names a node, the body's `node` is a node name and matches
+        it (`unauthorized`), accounting knows the node (`node_unavailable`; pending, snapshot
+        and register excepted), the body's fields, then the operation's own checks."""
+        kinds = messages.OPS.get(op)
+        reply_kind = AccountingReply if kinds is None else kinds[1]
         name = ""
         observed: set[str] = set()
         _OBSERVED.set(observed)
+        _DEADLINE.set(None)
         try:
-            deadline_ms = reader.opt_integer("deadlineMs")
-            _DEADLINE.set(None if deadline_ms is None else Deadline.after_ms(deadline_ms))
-            handler = self.handlers.get(op)
-            if handler is None:
-                raise Refused("invalid_request", f"unknown operation {shown(op)}")
-            if node_token == subjects.ALL_NODES:
-                if op != "snapshot":
-                    raise Refused("invalid_request", f"{op} must name one node")
-                outcome = await self.snapshot(subjects.ALL_NODES, reader)
-                return outcome
-            if not subjects.valid_token(node_token):
-                raise Refused("invalid_request", f"subject token {shown(node_token)} names no node")
+            if kinds is None:
+                raise Refused(Code.INVALID_REQUEST, f"unknown operation {shown(op)}")
+            request_kind = kinds[0]
             try:
-                name = subjects.check_name(reader.text("node"), "node")
-            except InvalidName as exc:
-                raise Refused("invalid_request", f"{op}: {exc}") from exc
-            if subjects.node_token(name) != node_token:
-                raise Refused(
-                    "unauthorized",
-                    f"node {shown(name)} does not match subject token {shown(node_token)}",
-                )
+                request = messages.decode(data, request_kind)
+            except MessageError as exc:
+                # Where the request goes is judged first, as for a readable one (an unknown
+                # node is `node_unavailable` whatever else its body holds), then the fields.
+                try:
+                    addressed = _ADDRESSED.decode(data)
+                except msgspec.DecodeError:
+                    # Not a JSON object: nothing of it is read, and the reply has no epoch.
+                    unreadable = reply_kind(
+                        ok=False, code=Code.INVALID_REQUEST, error=bounded(str(exc))
+                    )
+                    return Outcome(unreadable, set())
+                name = self._node_name(op, node_token, addressed.node, request_kind.WHAT)
+                self._admit(op, name, node_token)
+                raise
+            node: object = getattr(request, "node", None)
+            name = self._node_name(op, node_token, node, request_kind.WHAT)
+            self._admit(op, name, node_token)
+            if request.deadline_ms is not None:
+                _DEADLINE.set(Deadline.after_ms(request.deadline_ms))
             if op in NO_WRITE_OPS:
-                return await handler(name, reader)
-            if op != "register":
-                self._known(name)
+                return await self._run(name, request)
             async with self.lock(name):
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited
-                outcome = await handler(name, reader)
+                outcome = await self._run(name, request)
             outcome.changed |= observed
             return outcome
         except Refused as exc:
-            return Outcome(self._refusal(exc.code, str(exc), name, exc.extra), set(observed))
-        except WireError as exc:
-            return Outcome(self._refusal("invalid_request", str(exc), name), set(observed))
+            return Outcome(self._refusal(reply_kind, exc, name), set(observed))
+        except MessageError as exc:
+            refused = Refused(Code.INVALID_REQUEST, str(exc))
+            return Outcome(self._refusal(reply_kind, refused, name), set(observed))
 
-    def _refusal(
-        self, code: str, message: str, name: str, extra: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
-        reply: dict[str, Any] = {"ok": False, "code": code, "error": bounded(message)}
-        reply["epoch"] = self.ledger.epoch
+    @staticmethod
+    def _node_name(op: str, node_token: str, node: object, what: str) -> str:
+        """The node a request is for: `subjects.ALL_NODES` for a snapshot of every node, else
+        the body's `node`, which must be a node name (matched to the token by `_admit`)."""
+        if node_token == subjects.ALL_NODES:
+            if op != "snapshot":
+                raise Refused(Code.INVALID_REQUEST, f"{op} must name one node")
+            return subjects.ALL_NODES
+        if not subjects.valid_token(node_token):
+            raise Refused(Code.INVALID_REQUEST, f"subject token {shown(node_token)} names no node")
+        if node is None:
+            raise Refused(Code.INVALID_REQUEST, f"{what}: node is required")
+        try:
+            return subjects.check_name(node, "node")
+        except InvalidName as exc:
+            raise Refused(Code.INVALID_REQUEST, f"{op}: {exc}") from exc
+
+    def _admit(self, op: str, name: str, node_token: str) -> None:
+        """The body's node is the subject's (NATS permissions scope a node to its own token),
+        and one accounting knows unless the operation allows any."""
+        if name == subjects.ALL_NODES:
+            return
+        if subjects.node_token(name) != node_token:
+            raise Refused(
+                Code.UNAUTHORIZED,
+                f"node {shown(name)} does not match subject token {shown(node_token)}",
+            )
+        if op not in UNLOCKED_NODE_OPS:
+            self._known(name)
+
+    async def _run(self, name: str, request: AccountingRequest) -> Outcome:
+        match request:
+            case ReserveRequest():
+                return await self.reserve(name, request)
+            case BindPhaseRequest():
+                return await self.bind_phase(name, request)
+            case MoveRequest():
+                return await self.move(name, request)
+            case ConsumeRequest():
+                return await self.consume(name, request)
+            case PendingRequest():
+                return await self.pending(name, request)
+            case SnapshotRequest():
+                return await self.snapshot(name, request)
+            case RegisterRequest():
+                return await self.register(name, request)
+        raise AssertionError(f"no handler for {type(request).__name__}")
+
+    def _refusal(self, kind: type[AccountingReply], refused: Refused, name: str) -> AccountingReply:
         node = self.ledger.get(name) if name else None
-        if node is not None:
-            reply["revision"] = node.revision
-        if extra:
-            reply.update(extra)
-        return reply
+        error = bounded(str(refused))
+        revision = None if node is None else node.revision
+        epoch = self.ledger.epoch
+        if refused.fit_reasons is not None and issubclass(kind, (ReserveReply, MoveReply)):
+            return kind(
+                ok=False,
+                code=refused.code,
+                error=error,
+                epoch=epoch,
+                revision=revision,
+                fit_reasons=dict(refused.fit_reasons),
+            )
+        return kind(ok=False, code=refused.code, error=error, epoch=epoch, revision=revision)

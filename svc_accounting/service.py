@@ -28,7 +28,8 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from prometheus_client import CollectorRegistry
 
-from shared import subjects
+from shared import messages, subjects
+from shared.codes import Code
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
@@ -41,7 +42,6 @@ from shared.service.kube_io import Kube
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
-from shared.wire import WireError, dumps, loads_object
 from svc_accounting.ledger import Ledger, NodeLedger
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import Operations, bounded
@@ -340,28 +340,24 @@ class AccountingService:
 
     async def _publish_deleted(self, name: str, revision: int) -> None:
         self.metrics.node_gone(name)
-        body = {
-            "epoch": self.ledger.epoch,
-            "node": name,
-            "revision": revision,
-            "devices": {},
-            "deleted": True,
-        }
+        body = messages.UsageUpdate(
+            epoch=self.ledger.epoch, node=name, revision=revision, devices={}, deleted=True
+        )
         with contextlib.suppress(Exception):  # a broken connection must not fail the watch
-            await self.nc.publish(subjects.usage(name), dumps(body))
+            await self.nc.publish(subjects.usage(name), messages.encode(body))
 
     async def publish(self, nodes: Iterable[NodeLedger]) -> None:
         """Each node's revision and per-device usage, for every reader's read model."""
         for node in nodes:
             self.metrics.node(node)
-            body = {
-                "epoch": self.ledger.epoch,
-                "node": node.name,
-                "revision": node.revision,
-                "devices": node.usage_table(),
-            }
+            body = messages.UsageUpdate(
+                epoch=self.ledger.epoch,
+                node=node.name,
+                revision=node.revision,
+                devices=messages.usage_entries(node.snapshot),
+            )
             with contextlib.suppress(Exception):  # a broken connection must not fail the op
-                await self.nc.publish(subjects.usage(node.name), dumps(body))
+                await self.nc.publish(subjects.usage(node.name), messages.encode(body))
         self.metrics.tracked.set(len(self.ledger.pod_node))
 
     # --- requests ---------------------------------------------------------------------------
@@ -374,35 +370,30 @@ class AccountingService:
 
     async def _serve(self, op: str, request: Request) -> None:
         try:
-            try:
-                body = loads_object(request.data, f"{op} request")
-            except WireError as exc:
-                reply = {"ok": False, "code": "invalid_request", "error": bounded(str(exc))}
-                changed: set[str] = set()
-            else:
-                outcome = await self.ops.handle(op, subjects.last_token(request.subject), body)
-                reply, changed = outcome.reply, outcome.changed
-            if changed:
-                await self._publish_changed(changed)
-            self.metrics.result(op, str(reply["code"]))
-            if not reply["ok"]:
+            outcome = await self.ops.handle(op, subjects.last_token(request.subject), request.data)
+            if outcome.changed:
+                await self._publish_changed(outcome.changed)
+            reply = outcome.reply
+            self.metrics.result(op, outcome.code)
+            if not reply.ok:
                 log.info(
                     "accounting refused",
                     extra={
                         "op": op,
-                        "code": reply["code"],
+                        "code": reply.code,
                         "subject": shown(request.subject),
-                        "error": bounded(str(reply.get("error", ""))),
+                        "error": bounded(reply.error or ""),
                     },
                 )
-            await request.respond(dumps(reply))
+            await request.respond(messages.encode(reply))
         except Exception:
             log.exception("accounting operation failed", extra={"op": op})
-            self.metrics.result(op, "internal_error")
+            self.metrics.result(op, None)
             with contextlib.suppress(Exception):
-                await request.respond(
-                    dumps({"ok": False, "code": "api_error", "error": "internal error"})
+                internal = messages.AccountingReply(
+                    ok=False, code=Code.API_ERROR, error="internal error"
                 )
+                await request.respond(messages.encode(internal))
 
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()

@@ -7,6 +7,8 @@ admitted; if one has no allowed replica (the *mismatch*) and the pod opted in wi
 best-effort falls back to kubelet's own choice on refusal, no responders or timeout; strict
 fails the admission; a committed refit whose reply cannot be mapped to kubelet's replicas fails
 in both modes (the move already happened).
+What each outcome leads to (metric, recorded outcome, log line, answer) is one table,
+`svc_deviceplugin.outcome.EFFECTS`, keyed by the pure `decide()`'s `Outcome`.
 
 Deadlines: each kubelet call has one :class:`Deadline` (`refit_timeout_ms` from its start) and
 every hop takes what is left of it: the `pending` and `consume` requests to accounting (whose
@@ -21,26 +23,27 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client
 
-from shared import subjects
+from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.errors import CoreError
 from shared.core.pods import Alignment, parse_alignment
-from shared.core.refit import RefitRequest
 from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, select_replicas
+from shared.messages import PendingEntry, PendingPod, RefitReply
 from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
 from shared.subjects import shown
-from shared.wire import WireError, dumps, loads_object
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
 from svc_deviceplugin.metrics import PluginMetrics, allocation_result
+from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
 
 log = logging.getLogger("numafit.deviceplugin")
 
@@ -52,7 +55,8 @@ LATER_ATTEMPTS = 3
 """Attempts of recording a failed binding after the kubelet call has ended."""
 TEXT_LIMIT = 200
 """Characters of outside text (accounting errors, refit reasons) kept in messages and logs."""
-REFIT_SUCCESS = ("moved", "already_aligned")
+RETRIED_BIND_PHASE = frozenset({Code.DEADLINE_EXCEEDED, Code.CONFLICT, Code.API_ERROR})
+"""A bind-phase `failed` refused with one of these may be recorded by asking again."""
 
 
 def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
@@ -74,6 +78,16 @@ class ContainerPreference:
     available: Sequence[str]
     required: Sequence[str]
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefitAnswer:
+    """What one refit request came to: the reply (None: none usable), why there is none,
+    whether the budget ran out first."""
+
+    reply: RefitReply | None
+    failure: str = ""
+    timed_out: bool = False
 
 
 class Allocator:
@@ -120,182 +134,178 @@ class Allocator:
         if budget < MIN_HOP_S:
             log.warning("no preference: the call's budget is spent")
             return nothing
+        request = messages.PendingRequest(node=self.config.node)
         try:
-            pending = await self.accounting.call("pending", self.config.node, {}, budget)
+            pending = await self.accounting.ask(request, messages.PendingReply, budget)
         except AccountingUnavailable as exc:
-            log.warning("no preference: accounting unreachable", extra={"error": bounded(str(exc))})
+            what = "an unusable pending reply" if _unreadable(exc) else "accounting unreachable"
+            log.warning(f"no preference: {what}", extra={"error": bounded(str(exc))})
             return nothing
-        pod = pending.get("pod")
-        if not pending.get("ok") or not isinstance(pod, dict):
+        pod = pending.pod
+        if not pending.ok or not isinstance(pod, PendingPod):
             return nothing
-        if not _pending_pod_shape(pod):
-            log.warning("no preference: accounting sent a pending pod without its identity")
-            return nothing
-        entries = pod.get("entries") or []
         answers = []
-        for k, request in enumerate(requests):
-            entry = entries[k] if k < len(entries) else None
-            answers.append(
-                await self._prefer_one(pod, entry, request, deadline) if _entry_shape(entry) else []
-            )
+        for k, container in enumerate(requests):
+            entry = pod.entries[k] if k < len(pod.entries) else None
+            answers.append(await self._prefer_one(pod, entry, container, deadline) if entry else [])
         return answers
 
     async def _prefer_one(
         self,
-        pod: dict[str, Any],
-        entry: dict[str, Any],
+        pod: PendingPod,
+        entry: PendingEntry,
         request: ContainerPreference,
         deadline: Deadline,
     ) -> list[str]:
-        where = {"pod": f"{pod['namespace']}/{pod['name']}", "container": entry["index"]}
+        where: dict[str, object] = {"pod": f"{pod.namespace}/{pod.name}", "container": entry.index}
         try:
-            desired = [d.uuid for d in codec.decode_container(entry["devices"])]
+            mode = parse_alignment(pod.numa_alignment)
+        except CoreError:
+            mode, invalid = None, True
+        else:
+            invalid = False
+        try:
+            desired = [d.uuid for d in codec.decode_container(entry.devices)]
             selection = select_replicas(
                 request.available, request.required, desired, request.size, self.known
             )
         except ReplicaMismatch as mismatch:
-            return await self._mismatch(pod, entry, request, mismatch, where, deadline)
-        except (SelectionError, CoreError, KeyError, TypeError) as exc:
+            if invalid:
+                log.warning(
+                    "ignoring invalid numa-alignment annotation",
+                    extra={**where, "value": shown(str(pod.numa_alignment))},
+                )
+            return await self._mismatch(pod, entry, request, mismatch, mode, where, deadline)
+        except (SelectionError, CoreError) as exc:
             log.info("no preference", extra={**where, "error": bounded(str(exc))})
             return []
-        self.metrics.refits.labels(_mode_label(pod), "no_mismatch").inc()
-        self.outcomes[(pod["uid"], entry["index"])] = "none"
-        return selection
+        return await self._settle(
+            decide(mismatch=False, mode=mode), mode, pod, entry, where, deadline, selection
+        )
 
     async def _mismatch(
         self,
-        pod: dict[str, Any],
-        entry: dict[str, Any],
+        pod: PendingPod,
+        entry: PendingEntry,
         request: ContainerPreference,
         mismatch: ReplicaMismatch,
-        where: dict[str, Any],
+        mode: Alignment | None,
+        where: dict[str, object],
         deadline: Deadline,
     ) -> list[str]:
-        try:
-            mode = parse_alignment(pod.get("numaAlignment"))
-        except CoreError:
-            log.warning(
-                "ignoring invalid numa-alignment annotation",
-                extra={**where, "value": shown(str(pod.get("numaAlignment")))},
+        allowed = self.config.refit_enabled and not self.config.mig_mode
+        if mode is None or not allowed:
+            outcome = decide(mismatch=True, mode=mode, refit_allowed=allowed)
+            return await self._settle(
+                outcome, mode, pod, entry, where, deadline, detail=bounded(str(mismatch))
             )
-            mode = None
-        if mode is None or not self.config.refit_enabled or self.config.mig_mode:
-            log.info(
-                "mismatch, no refit",
-                extra={**where, "error": bounded(str(mismatch))},
-            )
-            self.metrics.refits.labels("none", "not_opted_in").inc()
-            self.outcomes[(pod["uid"], entry["index"])] = "none"
-            return []
         log.info("mismatch, asking for a refit", extra={**where, "mode": mode.value})
-        refit = RefitRequest(
-            pod_uid=pod["uid"],
-            pod_namespace=pod["namespace"],
-            pod_name=pod["name"],
+        refit = messages.RefitRequest(
+            pod_uid=pod.uid,
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
             node_name=self.config.node,
-            container_index=entry["index"],
-            container_name=entry.get("containerName", ""),
+            container_index=entry.index,
+            container_name=entry.container_name or msgspec.UNSET,
             device_type=keys.NVIDIA,
             allowed_device_uuids=tuple(codec.unique_physical_ids(request.available, self.known)),
-            mode=mode,
+            mode=mode.value,
             # What is left of this kubelet call, not a fresh budget: the refit service and
             # accounting derive their own deadlines from it.
             timeout_ms=max(deadline.remaining_ms(), 1),
         )
         started = time.perf_counter()
         if deadline.remaining() < MIN_HOP_S:
-            reply, failure, timed_out = None, "no time left for a refit", True
+            answer = RefitAnswer(None, "no time left for a refit", timed_out=True)
         else:
-            reply, failure, timed_out = await self._ask(refit)
+            answer = await self._ask(refit)
         self.metrics.refit_duration.observe(time.perf_counter() - started)
-        if reply is not None and reply.get("succeeded") is True:
-            return await self._map_committed(pod, entry, request, reply, mode, where, deadline)
-        cause = failure or bounded(
-            str(reply.get("failureReason", "refused") if reply else "refused")
-        )
-        result = "timeout" if timed_out else None
-        key = (pod["uid"], entry["index"])
-        if mode is Alignment.STRICT:
-            self.outcomes[key] = "strict_failed"
-            self.metrics.refits.labels(mode.value, result or "strict_failed").inc()
-            await self._fail_binding(pod, deadline)
-            log.error("strict refit failed", extra={**where, "cause": cause})
-            raise AdmissionRefused(f"numa-alignment strict: {cause}")
-        self.metrics.refits.labels(mode.value, result or "fallback").inc()
-        self.fallbacks.add(key)
-        if timed_out:
-            self.outcomes[key] = "timeout"
+        reply, selection, detail = answer.reply, None, answer.failure
+        if reply is not None and reply.succeeded:
+            try:
+                selection = self._map_committed(reply, request)
+            except (CoreError, SelectionError) as exc:
+                detail = bounded(str(exc))  # the move is committed: no falling back
         elif reply is not None:
-            self.outcomes[key] = f"refused:{_code(reply)}"
-        else:
-            self.outcomes[key] = "fallback"
-        log.info("refit fallback: kubelet picks", extra={**where, "cause": cause})
-        return []
+            detail = bounded(reply.failure_reason or "refused")
+        outcome = decide(
+            mismatch=True,
+            mode=mode,
+            reply=reply,
+            timed_out=answer.timed_out,
+            mappable=selection is not None,
+        )
+        code = _code_text(reply.code) if reply is not None else "unknown"
+        return await self._settle(
+            outcome, mode, pod, entry, where, deadline, selection, detail=detail, code=code
+        )
 
-    async def _ask(self, refit: RefitRequest) -> tuple[dict[str, Any] | None, str, bool]:
-        """One request, no retry: (reply, failure text, timed out)."""
+    async def _settle(
+        self,
+        outcome: Outcome,
+        mode: Alignment | None,
+        pod: PendingPod,
+        entry: PendingEntry,
+        where: dict[str, object],
+        deadline: Deadline,
+        selection: list[str] | None = None,
+        *,
+        detail: str = "",
+        code: str = "unknown",
+    ) -> list[str]:
+        """Do what `outcome` says (`EFFECTS`): count it, record it, log it, then answer."""
+        effect = EFFECTS[outcome]
+        key = (pod.uid, entry.index)
+        self.metrics.refits.labels(mode_label(outcome, mode), effect.result).inc()
+        self.outcomes[key] = effect.record.format(code=code)
+        if effect.then is Then.FAIL:
+            await self._fail_binding(pod.uid, deadline)
+        if effect.message is not None:
+            # a success's detail is its code (the result label)
+            extra = {**where, effect.detail: effect.result if effect.detail == "code" else detail}
+            if selection is not None:
+                extra["replicas"] = selection
+            log.log(effect.level, effect.message, extra=extra)
+        if effect.then is Then.FAIL:
+            raise AdmissionRefused(effect.refusal.format(detail=detail))
+        if effect.then is Then.FALLBACK:
+            self.fallbacks.add(key)
+        return (selection or []) if effect.then is Then.SELECT else []
+
+    async def _ask(self, refit: messages.RefitRequest) -> RefitAnswer:
+        """One request, no retry."""
         try:
             msg = await self.nc.request(
                 subjects.refit(refit.node_name),
-                dumps(refit.to_json()),
+                messages.encode(refit),
                 timeout=refit.timeout_ms / 1000,
             )
         except nats.errors.NoRespondersError:
-            return None, "no refit service answers", False
+            return RefitAnswer(None, "no refit service answers")
         except (nats.errors.TimeoutError, TimeoutError):
-            return (
+            return RefitAnswer(
                 None,
                 f"refit timed out: no answer within this call's {self.config.refit_timeout_ms} "
                 f"ms budget ({refit.timeout_ms} ms of it left for the refit)",
-                True,
+                timed_out=True,
             )
         except nats.errors.Error as exc:
-            return None, f"refit transport error: {bounded(str(exc))}", False
+            return RefitAnswer(None, f"refit transport error: {bounded(str(exc))}")
         try:
-            return dict(loads_object(msg.data, "refit reply")), "", False
-        except WireError as exc:
-            return None, bounded(str(exc)), False
+            return RefitAnswer(messages.decode(msg.data, RefitReply))
+        except messages.MessageError as exc:
+            return RefitAnswer(None, bounded(str(exc)))
 
-    async def _map_committed(
-        self,
-        pod: dict[str, Any],
-        entry: dict[str, Any],
-        request: ContainerPreference,
-        reply: dict[str, Any],
-        mode: Alignment,
-        where: dict[str, Any],
-        deadline: Deadline,
-    ) -> list[str]:
-        try:
-            moved = [d.uuid for d in codec.decode_container(str(reply.get("containerDevices", "")))]
-            if not moved:
-                raise SelectionError("empty containerDevices")
-            selection = select_replicas(
-                request.available, request.required, moved, request.size, self.known
-            )
-        except (CoreError, SelectionError) as exc:
-            # The move is committed: falling back would leave runtime and accounting apart.
-            self.metrics.refits.labels(mode.value, "unmappable").inc()
-            self.outcomes[(pod["uid"], entry["index"])] = (
-                "strict_failed" if mode is Alignment.STRICT else "refused:unmappable"
-            )
-            await self._fail_binding(pod, deadline)
-            text = bounded(str(exc))
-            log.error("refit committed but unmappable", extra={**where, "error": text})
-            raise AdmissionRefused(
-                f"numa refit committed but kubelet cannot honor the selection: {text}"
-            ) from exc
-        code = reply.get("code", "moved")
-        result = code if code in REFIT_SUCCESS else "moved"
-        self.metrics.refits.labels(mode.value, result).inc()
-        self.outcomes[(pod["uid"], entry["index"])] = result
-        log.info("NUMA refit succeeded", extra={**where, "replicas": selection, "code": result})
-        return selection
+    def _map_committed(self, reply: RefitReply, request: ContainerPreference) -> list[str]:
+        """kubelet's replicas for the committed move (`CoreError`, `SelectionError`: none)."""
+        moved = [d.uuid for d in codec.decode_container(reply.container_devices or "")]
+        if not moved:
+            raise SelectionError("empty containerDevices")
+        return select_replicas(request.available, request.required, moved, request.size, self.known)
 
-    async def _fail_binding(self, pod: dict[str, Any], deadline: Deadline) -> None:
+    async def _fail_binding(self, uid: str, deadline: Deadline) -> None:
         """Record bind-phase `failed` (the scheduler's node lock is released) within what is
         left of the call; when that is not enough, after the call, in the background."""
-        uid = str(pod["uid"])
         budget = self._budget(deadline)
         if budget >= MIN_HOP_S and await self._record_failed(uid, budget):
             return
@@ -304,20 +314,21 @@ class Allocator:
 
     async def _record_failed(self, uid: str, budget: float) -> bool:
         """One attempt; True when accounting recorded it (or can never record it)."""
-        body = {"podUID": uid, "phase": keys.PHASE_FAILED}
+        request = messages.BindPhaseRequest(
+            pod_uid=uid, phase=keys.PHASE_FAILED, node=self.config.node
+        )
         try:
-            reply = await self.accounting.call("bind-phase", self.config.node, body, budget)
+            reply = await self.accounting.ask(request, messages.BindPhaseReply, budget)
         except AccountingUnavailable as exc:
             log.warning("bind-phase failed not recorded", extra={"error": bounded(str(exc))})
             return False
-        if reply.get("ok"):
+        if reply.ok:
             return True
-        code = _code(reply)
         log.warning(
             "bind-phase failed refused",
-            extra={"code": code, "error": bounded(str(reply.get("error", "")))},
+            extra={"code": _code_text(reply.code), "error": bounded(reply.error or "")},
         )
-        return code not in ("deadline_exceeded", "conflict", "api_error")
+        return _code(reply.code) not in RETRIED_BIND_PHASE
 
     async def _record_failed_later(self, uid: str) -> None:
         backoff = Backoff()
@@ -345,26 +356,30 @@ class Allocator:
             )
         reply = await self._consume(gpus, deadline)
         try:
-            entry = codec.decode_container(str(reply["containerDevices"]))
-            uid, index = str(reply.get("podUID", "")), int(reply.get("containerIndex", -1))
-        except (KeyError, TypeError, ValueError, CoreError) as exc:
-            self.metrics.allocations.labels("unusable_reply").inc()
-            raise AdmissionRefused(
-                f"accounting sent an unusable entry: {bounded(str(exc))}"
-            ) from exc
+            if reply.container_devices is None:
+                raise CoreError("no containerDevices")
+            entry = codec.decode_container(reply.container_devices)
+        except CoreError as exc:
+            raise self._unusable(exc) from exc
+        uid = reply.pod_uid or ""
+        index = -1 if reply.container_index is None else reply.container_index
         if (uid, index) in self.fallbacks:
             self.fallbacks.discard((uid, index))
-            self.misaligned.add((uid, str(reply.get("containerName", index))))
+            name = reply.container_name if reply.container_name is not None else str(index)
+            self.misaligned.add((uid, name))
             self.metrics.misaligned.set(len(self.misaligned))
         self.metrics.allocations.labels("ok").inc()
-        return container_allocation(
-            entry, uid, str(reply.get("containerName", "")), self.config.hami_core
-        )
+        return container_allocation(entry, uid, reply.container_name or "", self.config.hami_core)
 
-    async def _consume(self, gpus: Sequence[str], deadline: Deadline) -> dict[str, Any]:
+    def _unusable(self, exc: Exception) -> AdmissionRefused:
+        self.metrics.allocations.labels("unusable_reply").inc()
+        return AdmissionRefused(f"accounting sent an unusable entry: {bounded(str(exc))}")
+
+    async def _consume(self, gpus: Sequence[str], deadline: Deadline) -> messages.ConsumeReply:
         """Ask accounting to consume the pending entry on `gpus`. A `conflict` means the pod
         changed under accounting, which re-read it: asked again while the budget allows.
         Every other refusal fails the Allocate with accounting's code and (cut) reason."""
+        request = messages.ConsumeRequest(devices=tuple(gpus), node=self.config.node)
         for attempt in range(1, CONSUME_ATTEMPTS + 1):
             budget = self._budget(deadline)
             if budget < MIN_HOP_S:
@@ -374,24 +389,26 @@ class Allocator:
                     f"{self.config.refit_timeout_ms} ms budget is spent"
                 )
             try:
-                reply = await self.accounting.call(
-                    "consume", self.config.node, {"devices": list(gpus)}, budget
-                )
+                reply = await self.accounting.ask(request, messages.ConsumeReply, budget)
             except AccountingUnavailable as exc:
+                if _unreadable(exc):
+                    raise self._unusable(exc) from exc
                 self.metrics.allocations.labels("accounting_unavailable").inc()
                 raise AdmissionRefused(
                     f"cannot record the allocation: {bounded(str(exc))}"
                 ) from exc
-            if reply.get("ok"):
+            if reply.ok:
                 return reply
-            code = _code(reply)
-            error = bounded(str(reply.get("error", "")))
-            if code == "conflict" and attempt < CONSUME_ATTEMPTS:
+            code, shown_code = _code(reply.code), _code_text(reply.code)
+            error = bounded(reply.error or "")
+            if code is Code.CONFLICT and attempt < CONSUME_ATTEMPTS:
                 log.info("consume conflict; asking again", extra={"attempt": attempt})
                 continue
             self.metrics.allocations.labels(allocation_result(code)).inc()
-            log.warning("allocation refused by accounting", extra={"code": code, "error": error})
-            raise AdmissionRefused(f"allocation refused by accounting ({code}): {error}")
+            log.warning(
+                "allocation refused by accounting", extra={"code": shown_code, "error": error}
+            )
+            raise AdmissionRefused(f"allocation refused by accounting ({shown_code}): {error}")
         raise AssertionError("unreachable")  # pragma: no cover
 
     def forget_pods(self, alive: set[str]) -> None:
@@ -403,29 +420,19 @@ class Allocator:
         self.metrics.misaligned.set(len(self.misaligned))
 
 
-def _pending_pod_shape(pod: dict[str, Any]) -> bool:
-    return all(isinstance(pod.get(key), str) for key in ("uid", "namespace", "name"))
+def _unreadable(exc: AccountingUnavailable) -> bool:
+    """Accounting answered, but with a reply that does not decode."""
+    return isinstance(exc.__cause__, messages.MessageError)
 
 
-def _entry_shape(entry: object) -> TypeGuard[dict[str, Any]]:
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("index"), int)
-        and isinstance(entry.get("devices"), str)
-    )
-
-
-def _code(reply: dict[str, Any]) -> str:
-    """A reply's `code`, bounded (it ends up in messages, logs and outcomes)."""
-    code = reply.get("code")
-    if isinstance(code, str) and code and len(code) <= 64:
-        return code
-    return "unknown"
-
-
-def _mode_label(pod: dict[str, Any]) -> str:
+def _code(text: str) -> Code | None:
+    """A reply's code; None for one this build does not know (a newer peer's)."""
     try:
-        mode = parse_alignment(pod.get("numaAlignment"))
-    except CoreError:
-        return "none"
-    return mode.value if mode is not None else "none"
+        return Code(text)
+    except ValueError:
+        return None
+
+
+def _code_text(text: str) -> str:
+    """A reply's code for messages, logs and outcomes: bounded."""
+    return text if text and len(text) <= 64 else "unknown"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.codes import Code
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
 
 REFIT_RESULTS: dict[str, tuple[str, ...]] = {
@@ -59,9 +60,10 @@ XID_ACTIONS = (
 )
 
 
-def allocation_result(code: object) -> str:
-    """The `result` label for an accounting reply code (bounded to the known values)."""
-    return code if isinstance(code, str) and code in ALLOCATION_RESULTS else "other"
+def allocation_result(code: Code | None) -> str:
+    """The `result` label for an accounting reply code (bounded to the known values; None,
+    a code this build does not know, is `other`)."""
+    return code.value if code is not None and code.value in ALLOCATION_RESULTS else "other"
 
 
 class PluginMetrics:

@@ -28,8 +28,8 @@ from typing import TypeVar
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
+from shared import messages
 from shared.accounting_client import AccountingClient, AccountingUnavailable
-from shared.core import codec
 from shared.service.backoff import Backoff
 from shared.service.health import Readiness
 from shared.service.kube_io import Kube
@@ -167,10 +167,9 @@ class DevicePluginService:
             await self._inventory_changed.wait()
             self._inventory_changed.clear()
             gpus = self.current_gpus()
-            items = [
-                codec.register_item(d)
-                for d in register_devices(gpus, self.config.replicas, self.config.mig_mode)
-            ]
+            items = messages.register_items(
+                register_devices(gpus, self.config.replicas, self.config.mig_mode)
+            )
             if await self._register(items):
                 backoff.reset()
                 if not self._inventory_changed.is_set():
@@ -186,20 +185,18 @@ class DevicePluginService:
             self._inventory_changed.set()
             await backoff.wait(self._stop)
 
-    async def _register(self, items: list[dict[str, object]]) -> bool:
+    async def _register(self, items: tuple[messages.RegisterItem, ...]) -> bool:
+        request = messages.RegisterRequest(devices=items, node=self.config.node)
         try:
-            reply = await self.accounting.call("register", self.config.node, {"devices": items})
+            reply = await self.accounting.ask(request, messages.RegisterReply)
         except AccountingUnavailable as exc:
             log.info("inventory not registered yet", extra={"error": shown(str(exc), 200)})
             return False
-        if reply.get("ok"):
+        if reply.ok:
             return True
         log.warning(
             "inventory refused",
-            extra={
-                "code": shown(str(reply.get("code", ""))),
-                "error": shown(str(reply.get("error", "")), 200),
-            },
+            extra={"code": shown(reply.code), "error": shown(reply.error or "", 200)},
         )
         return False
 
@@ -266,21 +263,16 @@ class DevicePluginService:
             await _wait(self._stop, self.reconcile_interval)
             if self._stop.is_set():
                 return
+            request = messages.SnapshotRequest(node=self.config.node)
             try:
-                reply = await self.accounting.snapshot(self.config.node)
-            except AccountingUnavailable:
+                reply = await self.accounting.ask(request, messages.SnapshotReply)
+            except AccountingUnavailable as exc:
+                if isinstance(exc.__cause__, messages.MessageError):
+                    log.warning("unusable snapshot", extra={"error": shown(str(exc), 200)})
                 continue
-            if not reply.get("ok", True):
+            if not reply.ok:
                 continue  # a refusal says nothing about which pods live
-            try:
-                alive = {
-                    str(p["pod"]["metadata"]["uid"])
-                    for n in reply.get("nodes") or []
-                    for p in n.get("pods") or []
-                }
-            except (KeyError, TypeError, AttributeError) as exc:
-                log.warning("unusable snapshot", extra={"error": shown(str(exc), 200)})
-                continue
+            alive = {p.pod.metadata.uid for n in reply.nodes or () for p in n.pods}
             self.allocator.forget_pods(alive)
 
 

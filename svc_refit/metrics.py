@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.core.refit import Code
+from shared import codes
+from shared.codes import Code
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
 
 MODES = ("best-effort", "strict", "unknown")
 """`mode` label values: the request's mode, `unknown` when the request did not parse."""
-CODES = tuple(code.value for code in Code)
-COMMIT_RESULTS = ("ok", "unavailable", "other", *(c for c in CODES if c not in ("moved",)))
+CODES = tuple(code.value for code in Code if code in codes.REFIT)
+"""`code` label values: every code a refit reply may carry (DESIGN.md's order)."""
+COMMIT_RESULTS = (
+    Code.OK.value,
+    "unavailable",
+    "other",
+    *(c.value for c in Code if c in codes.REFIT and c is not Code.MOVED),
+)
 """`result` of a move sent to accounting: `ok`, a refusal code, `unavailable` (no answer),
 `other` (a code outside DESIGN.md's list)."""
 EVENT_RESULTS = ("recorded", "failed", "dropped")

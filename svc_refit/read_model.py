@@ -35,28 +35,29 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared import subjects
+from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.codes import Code
 from shared.core.accounting import TrackedPod, track_pod
-from shared.core.errors import CoreError
 from shared.core.model import NodeSnapshot, Usage
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
-from shared.ledger_wire import (
+from shared.messages import (
+    MessageError,
     NodeState,
-    node_state_from_wire,
-    quota_from_wire,
-    tracked_from_wire,
-    usage_from_wire,
+    SnapshotReply,
+    SnapshotRequest,
+    TrackedPodWire,
+    UsageEntry,
+    UsageUpdate,
 )
 from shared.service.lifecycle import Deadline
-from shared.wire import Reader, WireError, loads_object
+from shared.service.supervisor import Supervisor
 
 log = logging.getLogger("numafit.refit")
 
@@ -72,9 +73,10 @@ LANDED_GRACE = 0.25
 
 
 class SnapshotRefused(Exception):
-    """Accounting answered a snapshot with a refusal (`code`: a DESIGN.md code)."""
+    """Accounting answered a snapshot with a refusal (`code`: a DESIGN.md code; one this
+    build does not know is `api_error`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -114,13 +116,25 @@ class Claim:
     """What the move adds on each device (slots already counted per pod, as d.2 does)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """One snapshot reply, as read: the node asked about (None when accounting does not know
+    it), the podUID it was asked with and, when one was, that pod's entry as sent."""
+
+    epoch: str
+    state: NodeState | None
+    asked: str
+    pod: TrackedPodWire | None
+
+    def tracked(self) -> TrackedPod | None:
+        """The asked pod's entry (None when not tracked anywhere); `MessageError` when it
+        does not parse."""
+        return None if self.pod is None else self.pod.to_core()
+
+
 @dataclass(slots=True)
 class _Fetch:
-    task: asyncio.Task[Mapping[str, Any]]
-
-
-_ASKED = "_asked"
-"""Key added to a stored snapshot reply: the podUID it was asked with."""
+    future: asyncio.Future[_Fetched]
 
 
 class ReadModel:
@@ -128,12 +142,15 @@ class ReadModel:
         self,
         nc: Client,
         accounting: AccountingClient,
+        supervisor: Supervisor,
         *,
         max_nodes: int = MAX_NODES,
         on_fetch: Callable[[], None] | None = None,
     ) -> None:
+        """Shared fetches run as `supervisor`'s children (cancelled when it stops)."""
         self.nc = nc
         self.accounting = accounting
+        self.supervisor = supervisor
         self.max_nodes = max_nodes
         self.on_fetch = on_fetch
         self._nodes: dict[str, _Node] = {}
@@ -153,9 +170,9 @@ class ReadModel:
         self._subscription = await self.nc.subscribe(subjects.USAGE_WILDCARD, cb=self._on_usage)
 
     async def stop(self) -> None:
+        # The fetches are the supervisor's children: it cancels them when it stops (first).
         for fetch in list(self._fetches.values()):
-            fetch.task.cancel()
-        await asyncio.gather(*(f.task for f in self._fetches.values()), return_exceptions=True)
+            fetch.future.cancel()
         if self._subscription is not None:
             with contextlib.suppress(Exception):
                 await self._subscription.unsubscribe()
@@ -215,19 +232,16 @@ class ReadModel:
         if node is None:
             return
         try:
-            body = loads_object(msg.data, "usage update")
-            reader = Reader(body, "usage update")
-            if body.get("deleted") is True:
-                self.drop(node)
-                return
-            self.apply_update(
-                reader.text("epoch"),
-                node,
-                reader.integer("revision", minimum=0),
-                body.get("devices"),
-            )
-        except WireError as exc:
+            update = messages.decode(msg.data, UsageUpdate)
+        except MessageError as exc:
+            # Something about the node changed, but what cannot be told: fetch before trusting.
             log.warning("usage update ignored", extra={"error": subjects.shown(str(exc), 200)})
+            self.mark_stale(node)
+            return
+        if update.deleted:
+            self.drop(node)
+            return
+        self.apply_update(update.epoch, node, update.revision, update.devices)
 
     def drop(self, node: str) -> None:
         """The node is gone (deleted, or evicted): forget it."""
@@ -235,7 +249,9 @@ class ReadModel:
             self._tokens.pop(node.replace(".", "_"), None)
         self._pulse(node)
 
-    def apply_update(self, epoch: str, node: str, revision: int, devices: Any) -> None:
+    def apply_update(
+        self, epoch: str, node: str, revision: int, devices: Mapping[str, UsageEntry]
+    ) -> None:
         entry = self._nodes.get(node)
         if entry is None:
             return
@@ -244,9 +260,9 @@ class ReadModel:
             return
         if revision <= entry.revision:
             return  # already seen (a snapshot overtook it)
-        updated = usage_from_wire(entry.usage, devices)
+        updated = messages.apply_usage(entry.usage, devices)
         if updated is None:
-            self.mark_stale(node)  # another device set, or a table that does not parse
+            self.mark_stale(node)  # another device set
             return
         unchanged = updated.usage_table() == entry.usage.usage_table()
         gap = revision > entry.revision + 1
@@ -328,25 +344,25 @@ class ReadModel:
                 return View(entry.epoch, entry.revision, entry.usage, pod, quota[0], quota[1])
         # Unknown, stale, or the pod is not among the node's: one snapshot shared by every
         # refit of the node waiting for it.
-        reply = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=True)
+        fetched = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=True)
         entry = self._nodes.get(node)
         pod = entry.pods.get(pod_uid) if entry is not None else None
-        if pod is None and reply.get(_ASKED) == pod_uid:
-            pod = _pod_of(reply)  # tracked on another node, or not at all
+        if pod is None and fetched.asked == pod_uid:
+            pod = fetched.tracked()  # tracked on another node, or not at all
         elif pod is None or namespace not in self._quota:
             # The shared snapshot was someone else's question: ask ours.
-            reply = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=False)
+            fetched = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=False)
             entry = self._nodes.get(node)
             pod = entry.pods.get(pod_uid) if entry is not None else None
-            pod = pod or _pod_of(reply)
+            pod = pod or fetched.tracked()
         quota = self._quota.get(namespace) or (QuotaLedger(), time.monotonic())
         if entry is not None:
             return View(entry.epoch, entry.revision, entry.usage, pod, quota[0], quota[1])
         # Not kept (accounting holds no inventory for it): decide on what the snapshot said.
-        state = _state_of(reply, node)
+        state = fetched.state
         usage = None if state is None else state.snapshot()
         revision = 0 if state is None else state.revision
-        return View(str(reply.get("epoch", "")), revision, usage, pod, quota[0], quota[1])
+        return View(fetched.epoch, revision, usage, pod, quota[0], quota[1])
 
     async def refresh_quota(
         self, node: str, namespace: str, deadline: Deadline, reserve: float
@@ -361,7 +377,8 @@ class ReadModel:
         self, node: str, pod_uid: str, deadline: Deadline, reserve: float
     ) -> TrackedPod | None:
         """The pod's entry as accounting holds it now (one snapshot of its own)."""
-        return _pod_of(await self._fetch(node, pod_uid, "", deadline, reserve, shared=False))
+        fetched = await self._fetch(node, pod_uid, "", deadline, reserve, shared=False)
+        return fetched.tracked()
 
     def _fresh_quota(self, namespace: str) -> tuple[QuotaLedger, float] | None:
         cached = self._quota.get(namespace)
@@ -378,62 +395,57 @@ class ReadModel:
         reserve: float,
         *,
         shared: bool,
-    ) -> Mapping[str, Any]:
-        """One snapshot of `node`; `shared`: concurrent callers for the node wait on one."""
+    ) -> _Fetched:
+        """One snapshot of `node`; `shared`: concurrent callers for the node wait on one (a
+        child of the supervisor, so that no fetch outlives the service)."""
         key = (node, "" if shared else f"{pod_uid}\0{namespace}")
         fetch = self._fetches.get(key)
-        if fetch is None or fetch.task.done():
+        if fetch is None or fetch.future.done():
             entry = self._nodes.get(node)
             marks = entry.marks if entry is not None else 0
             budget = deadline.remaining() - reserve
-            task = asyncio.create_task(
+            future = self.supervisor.submit(
                 self._snapshot(node, pod_uid, namespace, budget, marks), name=f"snapshot-{node}"
             )
-            fetch = self._fetches[key] = _Fetch(task)
-            task.add_done_callback(functools.partial(self._fetch_done, key, fetch))
+            fetch = self._fetches[key] = _Fetch(future)
+            future.add_done_callback(functools.partial(self._fetch_done, key, fetch))
         # Followers wait at most their own budget on someone else's fetch.
         try:
             async with asyncio.timeout(max(deadline.remaining() - reserve, 0.0)):
-                return await asyncio.shield(fetch.task)
+                return await asyncio.shield(fetch.future)
         except TimeoutError as exc:
             raise AccountingUnavailable(f"no snapshot of {node} within the budget") from exc
 
     def _fetch_done(self, key: tuple[str, str], fetch: _Fetch, _: object) -> None:
+        # (The supervisor marks the outcome retrieved: followers that gave up leave none unseen.)
         if self._fetches.get(key) is fetch:
             del self._fetches[key]
-        if not fetch.task.cancelled():
-            fetch.task.exception()  # retrieved: followers that gave up must not leave it unseen
 
     async def _snapshot(
         self, node: str, pod_uid: str, namespace: str, budget: float, marks: int
-    ) -> Mapping[str, Any]:
+    ) -> _Fetched:
+        """`MessageError` when the reply's node or quota does not parse."""
         if budget <= 0:
             raise AccountingUnavailable("no budget left for a snapshot")
         self.fetches += 1
         if self.on_fetch is not None:
             self.on_fetch()
-        reply = await self.accounting.snapshot(
-            node, pod_uid=pod_uid or None, namespace=namespace or None, budget=budget
-        )
-        if not reply.get("ok", True):
-            code = reply.get("code")
+        request = SnapshotRequest(node=node, pod_uid=pod_uid or None, namespace=namespace or None)
+        reply = await self.accounting.ask(request, SnapshotReply, budget)
+        if not reply.ok:
             raise SnapshotRefused(
-                code if isinstance(code, str) else "api_error",
-                subjects.shown(str(reply.get("error", "snapshot refused")), 200),
+                Code.parse(reply.code),
+                subjects.shown(reply.error or "snapshot refused", 200),
             )
-        try:
-            self._store(node, reply, marks)
-            if namespace and isinstance(reply.get("quota"), dict):
-                self._keep_quota(namespace, quota_from_wire(reply["quota"]))
-        except CoreError as exc:
-            raise WireError(f"snapshot reply: {exc}") from exc
-        result = dict(reply)
-        result[_ASKED] = pod_uid
-        return result
+        epoch = reply.epoch or ""  # (an `ok` snapshot reply always has one)
+        state = next((n.to_state() for n in reply.nodes or () if n.node == node), None)
+        self._store(node, epoch, state, marks)
+        if namespace and reply.quota is not None:
+            self._keep_quota(namespace, reply.quota.to_core())
+        pod = reply.pod if isinstance(reply.pod, TrackedPodWire) else None
+        return _Fetched(epoch, state, pod_uid, pod)
 
-    def _store(self, node: str, reply: Mapping[str, Any], marks: int) -> None:
-        epoch = Reader(reply, "snapshot reply").text("epoch")
-        state = _state_of(reply, node)
+    def _store(self, node: str, epoch: str, state: NodeState | None, marks: int) -> None:
         if state is None or state.devices is None:
             # Accounting knows no inventory for it: nothing worth keeping.
             self.drop(node)
@@ -481,16 +493,6 @@ class ReadModel:
         while len(self._nodes) > self.max_nodes:
             oldest = next(iter(self._nodes))
             self.drop(oldest)
-
-
-def _state_of(reply: Mapping[str, Any], node: str) -> NodeState | None:
-    states = [node_state_from_wire(n) for n in Reader(reply, "snapshot reply").objects("nodes")]
-    return next((s for s in states if s.name == node), None)
-
-
-def _pod_of(reply: Mapping[str, Any]) -> TrackedPod | None:
-    raw = reply.get("pod")
-    return tracked_from_wire(raw) if isinstance(raw, dict) else None
 
 
 def with_claims(usage: NodeSnapshot, claims: list[Claim]) -> NodeSnapshot:

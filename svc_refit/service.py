@@ -20,31 +20,32 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+import msgspec
 import nats.micro
 from nats.aio.client import Client
 from nats.micro.request import Request
 from nats.micro.service import Service
 from prometheus_client import CollectorRegistry
 
-from shared import subjects
+from shared import codes, messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod
 from shared.core.config import CoreConfig
 from shared.core.model import ContainerEntry
 from shared.core.refit import (
-    Code,
     Event,
     RefitDecision,
     RefitRequest,
-    RequestShapeError,
+    check_request,
     decide_refit,
-    parse_refit_request,
     refused,
 )
+from shared.messages import MessageError, MoveReply, MoveRequest, RefitReply
 from shared.service import natsconn
 from shared.service.events import EventRecorder
 from shared.service.health import Readiness
@@ -52,7 +53,6 @@ from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
-from shared.wire import WireError, dumps, loads_object
 from svc_refit.metrics import RefitMetrics
 from svc_refit.read_model import (
     ReadModel,
@@ -161,9 +161,11 @@ class RefitService:
         self.metrics = metrics or RefitMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
         self.accounting = AccountingClient(nc)
-        self.read_model = ReadModel(nc, self.accounting, on_fetch=self.metrics.snapshots.inc)
-        self._service: Service | None = None
         self.supervisor = Supervisor("refit", on_fatal=self.readiness.fail)
+        self.read_model = ReadModel(
+            nc, self.accounting, self.supervisor, on_fetch=self.metrics.snapshots.inc
+        )
+        self._service: Service | None = None
         self.events = EventRecorder(
             kube,
             self.supervisor,
@@ -216,30 +218,31 @@ class RefitService:
         mode = "unknown"
         try:
             reply, mode, event_for = await self._decide(request)
-            reason = reply.get("failureReason")
-            if isinstance(reason, str) and len(reason) > MAX_REASON:
-                reply["failureReason"] = _cut(reason)
-            await request.respond(dumps(reply))
-            self.metrics.requests.labels(reply["code"], mode).inc()
+            reason = reply.failure_reason
+            if reason is not None and len(reason) > MAX_REASON:
+                reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
+            await request.respond(messages.encode(reply))
+            self.metrics.requests.labels(reply.code, mode).inc()
             if event_for is not None:
                 self._record_event(*event_for)
         except Exception:
             log.exception("refit failed unexpectedly")
-            self.metrics.requests.labels("api_error", mode).inc()
+            self.metrics.requests.labels(Code.API_ERROR.value, mode).inc()
             with contextlib.suppress(Exception):
-                await request.respond(dumps(_failed(Code.API_ERROR, "internal error").reply()))
+                failed = _failed(Code.API_ERROR, "internal error")
+                await request.respond(messages.encode(RefitReply.from_decision(failed)))
         finally:
             self.metrics.duration.observe(time.perf_counter() - started)
             self.metrics.nodes.set(len(self.read_model))
 
     async def _decide(
         self, request: Request
-    ) -> tuple[dict[str, Any], str, tuple[dict[str, str], Event] | None]:
+    ) -> tuple[RefitReply, str, tuple[dict[str, str], Event] | None]:
         if len(request.data) > MAX_BODY:
             return _invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown", None
         try:
-            parsed = parse_refit_request(loads_object(request.data, "refit request"))
-        except (WireError, RequestShapeError) as exc:
+            parsed = messages.decode(request.data, messages.RefitRequest).to_core()
+        except MessageError as exc:
             return _invalid(_cut(str(exc), 200)), "unknown", None
         mode = parsed.mode.value
         screened = _screen(parsed, subjects.last_token(request.subject))
@@ -250,7 +253,7 @@ class RefitService:
                 "refit request rejected",
                 extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return screened.reply(), mode, None
+            return RefitReply.from_decision(screened), mode, None
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
         try:
@@ -263,13 +266,13 @@ class RefitService:
         event_for = (
             (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
         )
-        return decision.reply(), mode, event_for
+        return RefitReply.from_decision(decision), mode, event_for
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
         request = attempt.request
         # Rows 1-5 need no state: decide them before asking anyone for anything.
-        early = decide_refit(request, pods={}, node=None, config=self.config)
-        if early.code is not Code.POD_NOT_TRACKED:
+        early = check_request(request)
+        if early is not None:
             return early
         node, uid = request.node_name, request.pod_uid
         quota_checked = False
@@ -286,7 +289,7 @@ class RefitService:
             except AccountingUnavailable as exc:
                 code = Code.DEADLINE_EXCEEDED if attempt.left() <= 0 else Code.API_ERROR
                 return _failed(code, f"accounting unavailable: {_cut(str(exc), 200)}")
-            except WireError as exc:
+            except MessageError as exc:
                 return _failed(Code.API_ERROR, f"bad snapshot from accounting: {_cut(str(exc))}")
             if view.pod is not None:
                 attempt.pod_ref = {
@@ -313,7 +316,7 @@ class RefitService:
             ):
                 # Refuse by quota only on the quota as it is now, not as it was cached.
                 quota_checked = True
-                with contextlib.suppress(AccountingUnavailable, SnapshotRefused, WireError):
+                with contextlib.suppress(AccountingUnavailable, SnapshotRefused, MessageError):
                     await self.read_model.refresh_quota(
                         node, request.pod_namespace, attempt.deadline, attempt.reserve
                     )
@@ -351,23 +354,24 @@ class RefitService:
         wait = attempt.left() - verify_reserve(attempt.timeout)
         if wait - margin < MIN_COMMIT_BUDGET:
             return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent before commit")
-        body = {
-            "podUID": request.pod_uid,
-            "revision": view.revision,
-            "podResourceVersion": tracked.pod.resource_version,
-            "containerIndex": request.container_index,
-            "toAllocate": decision.annotations[keys.TO_ALLOCATE],
-            "allocated": decision.annotations[keys.ALLOCATED],
-        }
+        move = MoveRequest(
+            pod_uid=request.pod_uid,
+            revision=view.revision,
+            pod_resource_version=tracked.pod.resource_version,
+            container_index=request.container_index,
+            to_allocate=decision.annotations[keys.TO_ALLOCATE],
+            allocated=decision.annotations[keys.ALLOCATED],
+            node=node,
+        )
         claim = added_usage(tracked.usage, decision.stored_usage or {})
         lost = ""
-        reply: dict[str, Any] | None = None
+        reply: MoveReply | None = None
         with self.read_model.claim(node, request.pod_uid, claim):
             try:
-                reply = await self.accounting.call("move", node, body, wait, margin=margin)
+                reply = await self.accounting.ask(move, MoveReply, wait, margin=margin)
             except AccountingUnavailable as exc:
                 lost = _cut(str(exc), 200)
-            if reply is not None and reply.get("ok") is True:
+            if reply is not None and reply.ok:
                 # Before the claim goes: the usage it held must stay counted until the update.
                 self._committed(node, tracked, decision, reply)
         if reply is None:
@@ -375,39 +379,35 @@ class RefitService:
             return await self._verify(
                 attempt, decision, Code.DEADLINE_EXCEEDED, f"commit unanswered: {lost}"
             )
-        result = reply.get("code")
-        result = result if isinstance(result, str) else "api_error"
-        if reply.get("ok") is True:
-            self.metrics.commit("ok")
+        if reply.ok:
+            self.metrics.commit(Code.OK.value)
             return decision
-        self.metrics.commit(result)
-        error = _cut(str(reply.get("error", "commit refused")), 300)
-        if result == Code.CONFLICT.value:
+        self.metrics.commit(reply.code)  # a code this build does not know counts as `other`
+        result = Code.parse(reply.code)
+        error = _cut(reply.error or "commit refused", 300)
+        if result is Code.CONFLICT:
             self.read_model.mark_stale(node)  # recompute on fresh state while the budget allows
             return None
-        if result in (Code.DEADLINE_EXCEEDED.value, Code.API_ERROR.value):
+        if result in codes.UNCERTAIN:
             # The write may have reached the API server before accounting gave up on it.
-            return await self._verify(attempt, decision, Code(result), error)
-        if result in (Code.NO_FIT.value, Code.QUOTA_EXCEEDED.value):
+            return await self._verify(attempt, decision, result, error)
+        if result in (Code.NO_FIT, Code.QUOTA_EXCEEDED):
             self.read_model.mark_stale(node)  # accounting saw usage we did not
         return _from_accounting(
-            result, error, _fit_reasons(reply.get("fitReasons")), decision.previous_devices
+            result, error, _fit_reasons(reply.fit_reasons), decision.previous_devices
         )
 
     def _committed(
-        self, node: str, tracked: TrackedPod, decision: RefitDecision, reply: dict[str, Any]
+        self, node: str, tracked: TrackedPod, decision: RefitDecision, reply: MoveReply
     ) -> None:
-        revision = reply.get("revision")
-        if isinstance(revision, int) and not isinstance(revision, bool):
-            self.read_model.expect(node, revision)
+        if reply.revision is not None:
+            self.read_model.expect(node, reply.revision)
         else:
             self.read_model.mark_stale(node)
-        resource_version = reply.get("podResourceVersion")
+        resource_version = reply.pod_resource_version
         assert decision.annotations is not None
         updated = (
-            committed(tracked, decision.annotations, resource_version)
-            if isinstance(resource_version, str) and resource_version
-            else None
+            committed(tracked, decision.annotations, resource_version) if resource_version else None
         )
         if updated is not None:
             self.read_model.replace_pod(node, updated)
@@ -435,7 +435,7 @@ class RefitService:
                 entry = await self.read_model.pod_entry(
                     node, request.pod_uid, attempt.deadline, attempt.reserve
                 )
-            except (AccountingUnavailable, SnapshotRefused, WireError):
+            except (AccountingUnavailable, SnapshotRefused, MessageError):
                 break
             checked = True
             if _holds(entry, request, decision):
@@ -528,35 +528,27 @@ def _cut(text: str, limit: int = MAX_REASON) -> str:
     return f"{text[: limit - 40]}... ({len(text)} characters)"
 
 
-def _fit_reasons(value: Any) -> dict[str, int]:
-    """accounting's `fitReasons`, kept only when well-formed (names are HAMi's, a few)."""
-    if not isinstance(value, dict) or len(value) > 32:
+def _fit_reasons(value: Mapping[str, int] | None) -> dict[str, int]:
+    """accounting's `fitReasons` (typed by the decoder), kept only when bounded (names are
+    HAMi's, a few)."""
+    if value is None or len(value) > 32:
         return {}
-    return {
-        k: v
-        for k, v in value.items()
-        if isinstance(k, str)
-        and len(k) <= 64
-        and isinstance(v, int)
-        and not isinstance(v, bool)
-        and v >= 0
-    }
+    return {k: v for k, v in value.items() if len(k) <= 64}
 
 
 def _from_accounting(
-    code: str,
+    code: Code,
     message: str,
     fit_reasons: dict[str, int] | None = None,
     previous: ContainerEntry = (),
 ) -> RefitDecision:
-    known = Code(code) if code in Code._value2member_map_ else Code.API_ERROR
-    if known.value in (Code.MOVED.value, Code.ALREADY_ALIGNED.value):
-        known = Code.API_ERROR
+    """A refit refusal for accounting's refusal `code` (a success code here is an error)."""
+    known = Code.API_ERROR if code in codes.SUCCESS else code
     return refused(known, message, fit_reasons=fit_reasons or {}, previous_devices=previous)
 
 
-def _invalid(message: str) -> dict[str, Any]:
-    return {"succeeded": False, "code": Code.INVALID_REQUEST.value, "failureReason": message}
+def _invalid(message: str) -> RefitReply:
+    return RefitReply(succeeded=False, code=Code.INVALID_REQUEST.value, failure_reason=message)
 
 
 def _failed(code: Code, message: str) -> RefitDecision:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import Final
 
 from shared import subjects
 from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
+from shared.codes import SCHEDULER_RETRY, Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, total
 from shared.core.config import CoreConfig
@@ -42,15 +43,24 @@ from shared.core.nodes import (
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest, pod_requests
+from shared.messages import (
+    BindPhaseReply,
+    BindPhaseRequest,
+    MessageError,
+    ReserveReply,
+    ReserveRequest,
+)
 from shared.service import kube_io
 from shared.service.events import EventRecorder
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
-from shared.wire import WireError
 from svc_scheduler.extender_wire import (
     BindingArgs,
+    BindingResult,
     ExtenderArgs,
+    ExtenderFilterResult,
+    HostPriority,
     binding_result,
     error_filter_result,
     filter_result,
@@ -77,7 +87,7 @@ the annotations its own filter wrote)."""
 
 # Filter results (metric label values).
 FIT, NO_FIT, NOT_GPU, ERROR = "fit", "no_fit", "not_gpu", "error"
-RETRY_CODES = frozenset({"conflict", "quota_exceeded", "node_unavailable", "no_fit"})
+RETRY_CODES: Final[frozenset[Code]] = SCHEDULER_RETRY
 """Refusals that mean the read model was behind accounting's ledger: recompute on fresh state
 (`no_fit`: accounting's own fit re-check found the space taken by a concurrent commit)."""
 
@@ -119,7 +129,7 @@ class Extender:
 
     # --- filter -----------------------------------------------------------------------------
 
-    async def filter(self, args: ExtenderArgs) -> tuple[dict[str, Any], str]:
+    async def filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
         """The `ExtenderFilterResult` and the metric result label."""
         try:
             pod = pod_from_object(args.pod)
@@ -141,7 +151,7 @@ class Extender:
 
     async def _filter_gpu_pod(
         self, args: ExtenderArgs, pod: PodInfo, requests: list[ContainerRequest | None]
-    ) -> tuple[dict[str, Any], str]:
+    ) -> tuple[ExtenderFilterResult, str]:
         try:
             options = fit_options(pod.annotations, self.config)
         except CoreError as exc:
@@ -180,10 +190,9 @@ class Extender:
             code, reply = await self._reserve(
                 pod, chosen, chosen_view, codec.encode_pod(placement.rows), deadline
             )
-            if code == "ok":
-                revision = reply.get("revision")
-                if isinstance(revision, int):
-                    self.read_model.expect(chosen, revision)
+            if code is Code.OK:
+                if reply.revision is not None:
+                    self.read_model.expect(chosen, reply.revision)
                 self._remember(pod.uid, chosen)
                 log.info(
                     "pod reserved",
@@ -199,9 +208,9 @@ class Extender:
             if code not in RETRY_CODES:
                 raise FilterError(
                     f"accounting refused to reserve pod {pod.key} on {chosen}: {code}: "
-                    f"{str(reply.get('error', ''))[:300]}"
+                    f"{(reply.error or '')[:300]}"
                 )
-            if code == "quota_exceeded":
+            if code is Code.QUOTA_EXCEEDED:
                 self.read_model.forget_quota(pod.namespace)
             else:
                 self.read_model.invalidate(chosen)
@@ -234,7 +243,7 @@ class Extender:
             views = await self.read_model.views(names, self._budget(deadline))
         except AccountingUnavailable as exc:
             raise FilterError(f"accounting unavailable: {exc}") from exc
-        except WireError as exc:
+        except MessageError as exc:
             raise FilterError(f"bad snapshot from accounting: {exc}") from exc
         if tracked is not None and tracked.uid != pod.uid:
             tracked = None
@@ -248,25 +257,22 @@ class Extender:
 
     async def _reserve(
         self, pod: PodInfo, node: str, view: NodeView, allocated: str, deadline: Deadline
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[Code, ReserveReply]:
+        request = ReserveRequest(
+            pod_uid=pod.uid,
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            revision=view.revision,
+            allocated=allocated,
+            node=node,
+        )
         try:
-            reply = await self.accounting.call(
-                "reserve",
-                node,
-                {
-                    "podUID": pod.uid,
-                    "podNamespace": pod.namespace,
-                    "podName": pod.name,
-                    "revision": view.revision,
-                    "allocated": allocated,
-                },
-                self._budget(deadline),
-            )
+            reply = await self.accounting.ask(request, ReserveReply, self._budget(deadline))
         except AccountingUnavailable as exc:
             self.metrics.reserve_attempts.labels("unavailable").inc()
             raise FilterError(f"reserve on {node} unanswered: {exc}") from exc
-        code = "ok" if reply.get("ok") else str(reply.get("code", "api_error"))
-        self.metrics.reserve_attempts.labels(code).inc()
+        code = Code.OK if reply.ok else Code.parse(reply.code)
+        self.metrics.reserve_attempts.labels(code.value).inc()
         return code, reply
 
     def _remember(self, uid: str, node: str) -> None:
@@ -277,7 +283,7 @@ class Extender:
 
     # --- prioritize -------------------------------------------------------------------------
 
-    async def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """`HostPriorityList` (0..10). A pod this scheduler reserved gets 10 on its node and 0
         elsewhere (only there are its GPUs reserved); otherwise each node is scored by the
         node policy after placing the pod on it (0 where it does not fit)."""
@@ -301,7 +307,7 @@ class Extender:
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         try:
             views = await self.read_model.views(names, self._budget(deadline))
-        except (AccountingUnavailable, WireError, FilterError):
+        except (AccountingUnavailable, MessageError, FilterError):
             return host_priority_list(scores)
         snapshots = {n: v.snapshot if v is not None else None for n, v in views.items()}
         placement = place_pod(snapshots, requests, pod.kinds, options, policy)
@@ -311,7 +317,7 @@ class Extender:
 
     # --- bind -------------------------------------------------------------------------------
 
-    async def bind(self, args: BindingArgs) -> tuple[dict[str, Any], str]:
+    async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         """`ExtenderBindingResult` and the metric result label."""
         try:
             check_pod_identity(args.pod_namespace, args.pod_name, args.pod_uid)
@@ -321,22 +327,21 @@ class Extender:
         key = f"{args.pod_namespace}/{args.pod_name}"
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         try:
-            reply = await self.accounting.call(
-                "bind-phase",
-                args.node,
-                {"podUID": args.pod_uid, "phase": keys.PHASE_ALLOCATING},
+            reply = await self.accounting.ask(
+                BindPhaseRequest(pod_uid=args.pod_uid, phase=keys.PHASE_ALLOCATING, node=args.node),
+                BindPhaseReply,
                 self._bind_budget(deadline, FAILURE_RESERVE),
             )
         except (AccountingUnavailable, FilterError) as exc:
             return binding_result(f"accounting unavailable: {exc}"), "accounting_unavailable"
-        if not reply.get("ok"):
+        if not reply.ok:
             # pod_not_tracked / node_mismatch: no reservation there (filter again); conflict:
             # the node is still allocating another pod (HAMi's node lock; bind again later).
-            code = str(reply.get("code", "api_error"))
-            detail = str(reply.get("error", ""))[:300]
+            code = Code.parse(reply.code)
+            detail = (reply.error or "")[:300]
             message = f"cannot bind pod {key} to node {args.node}: {code}: {detail}"
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
-            return binding_result(message), code
+            return binding_result(message), code.value
         error = await self._create_binding(args, deadline)
         if error is None:
             self._reserved.pop(args.pod_uid, None)
@@ -390,10 +395,9 @@ class Extender:
 
     async def _bind_failed(self, args: BindingArgs, deadline: Deadline) -> None:
         try:
-            await self.accounting.call(
-                "bind-phase",
-                args.node,
-                {"podUID": args.pod_uid, "phase": keys.PHASE_FAILED},
+            await self.accounting.ask(
+                BindPhaseRequest(pod_uid=args.pod_uid, phase=keys.PHASE_FAILED, node=args.node),
+                BindPhaseReply,
                 self._bind_budget(deadline),
             )
         except (AccountingUnavailable, FilterError) as exc:

@@ -1,9 +1,11 @@
-"""kube-scheduler's extender wire shapes (k8s.io/kube-scheduler extender/v1).
+"""kube-scheduler's extender wire shapes (k8s.io/kube-scheduler extender/v1), as msgspec structs.
 
 The Go types carry no json tags, so keys are the Go field names: `Pod`, `Nodes`, `NodeNames`,
-`FailedNodes`, `FailedAndUnresolvableNodes`, `Error`, `Host`, `Score`, `PodName`, ... Nested
-Kubernetes objects (the Pod, the NodeList) are ordinary camelCase API JSON. Go decodes keys
-case-insensitively, so requests are read the same way; answers use the exact names.
+`FailedNodes`, `FailedAndUnresolvableNodes`, `Error`, `Host`, `Score`, `PodName`, ... Go decodes
+keys case-insensitively, so a request's top-level keys are matched the same way (`decode` maps
+them to the declared names first; an exact match wins over another case); answers use the exact
+names. Nested Kubernetes objects stay raw JSON: the Pod is parsed by the core, the Node objects
+are sent back as they came.
 
 `nodeCacheCapable: true` sends `NodeNames` (and expects names back); false sends the full
 `Nodes` NodeList (and expects the kept Node objects back). Returned nodes are always a subset of
@@ -12,129 +14,221 @@ the ones sent, or kube-scheduler refuses the answer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar, Final, TypeVar
 
-from shared.wire import WireError
+import msgspec
+from msgspec import Meta, Raw, field
 
-
-def _get(obj: Mapping[str, Any], key: str) -> Any:
-    """`obj[key]`, matching the key case-insensitively as Go's decoder does."""
-    if key in obj:
-        return obj[key]
-    lowered = key.lower()
-    for name, value in obj.items():
-        if name.lower() == lowered:
-            return value
-    return None
+NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-@dataclass(frozen=True, slots=True)
-class ExtenderArgs:
-    """`ExtenderArgs` of /filter and /prioritize."""
+class BadInput(ValueError):
+    """A body that is not the JSON shape of its route (answered 400). The text names the
+    shape and the field, never the value."""
 
-    pod: Any
+
+class Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A JSON body of the scheduler's HTTP routes."""
+
+    WHAT: ClassVar[str] = "request"
+
+
+W = TypeVar("W", bound=Wire)
+
+_TOP: Final = msgspec.json.Decoder(dict[str, Raw])
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def encode(body: Wire | list[Any] | Mapping[str, Any]) -> bytes:
+    return _ENCODER.encode(body)
+
+
+@functools.cache
+def _decoder(kind: type[Wire]) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(kind)
+
+
+@functools.cache
+def _names(kind: type[Wire]) -> dict[str, str]:
+    """The declared top-level keys of `kind`, by their lower-case form."""
+    return {name.lower(): name for name in kind.__struct_encode_fields__}
+
+
+def decode(data: bytes, kind: type[W], *, any_case: bool = True) -> W:
+    """`data` as a `kind`, its top-level keys matched case-insensitively when `any_case`;
+    `BadInput` naming the shape and the field otherwise."""
+    what = kind.WHAT
+    try:
+        if any_case:
+            top = _TOP.decode(data)
+            names = _names(kind)
+            canonical: dict[str, Raw] = {}
+            for key, value in top.items():  # the first of the other cases, then an exact match
+                name = names.get(key.lower())
+                if name is not None and (key == name or name not in canonical):
+                    canonical[name] = value
+            data = _ENCODER.encode(canonical)
+        body = _decoder(kind).decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if text.startswith("Expected `object`, got ") and " - at " not in text:
+            raise BadInput(f"{what} must be a JSON object, got {text[23:]}") from None
+        raise BadInput(f"{what}: {text}") from None
+    except msgspec.DecodeError as exc:
+        raise BadInput(f"{what} is not valid JSON: {exc}") from None
+    assert isinstance(body, kind)
+    return body
+
+
+# --- /filter and /prioritize -----------------------------------------------------------------
+
+
+class NodeMeta(msgspec.Struct, frozen=True):
+    name: str = ""
+
+
+class NodeRef(msgspec.Struct, frozen=True):
+    """What is read of a Node object: its name."""
+
+    metadata: NodeMeta = NodeMeta()
+
+
+_NODE_REF: Final = msgspec.json.Decoder(NodeRef)
+
+
+class NodeList(msgspec.Struct, frozen=True, kw_only=True):
+    """`Nodes` of a request: only `items` is read, each Node kept as sent."""
+
+    items: tuple[Raw, ...] | None = None
+
+
+class ExtenderArgs(Wire, frozen=True, kw_only=True, dict=True):
+    """`ExtenderArgs` of /filter and /prioritize. `NodeNames` wins when both forms are sent."""
+
+    WHAT: ClassVar[str] = "ExtenderArgs"
+
+    pod: Any = field(default=None, name="Pod")
     """The v1 Pod as sent; parsed by the core (a bad one is answered with `Error`)."""
-    names: tuple[str, ...]
-    nodes: tuple[Mapping[str, Any], ...] | None
-    """The Node objects in non-cache mode (`Nodes`), None in cache mode (`NodeNames`)."""
+    nodes: NodeList | None = field(default=None, name="Nodes")
+    node_names: tuple[str, ...] | None = field(default=None, name="NodeNames")
+
+    def __post_init__(self) -> None:
+        if self.node_names is None and self.nodes is None:
+            raise ValueError("neither NodeNames nor Nodes is set")
+        _ = self.names  # every Node object names itself
 
     @property
     def cache_mode(self) -> bool:
-        return self.nodes is None
+        return self.node_names is not None
+
+    @property
+    def items(self) -> tuple[Raw, ...]:
+        """The Node objects as sent (non-cache mode)."""
+        return () if self.nodes is None else self.nodes.items or ()
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        """The candidates' names, in the order sent."""
+        if self.node_names is not None:
+            return self.node_names
+        names = []
+        for i, item in enumerate(self.items):
+            try:
+                name = _NODE_REF.decode(item).metadata.name
+            except msgspec.ValidationError as exc:
+                raise ValueError(f"Nodes.items[{i}] is not a Node object: {exc}") from None
+            if not name:
+                raise ValueError(f"Nodes.items[{i}] has no metadata.name")
+            names.append(name)
+        return tuple(names)
 
 
-def parse_extender_args(obj: Mapping[str, Any]) -> ExtenderArgs:
-    pod = _get(obj, "Pod")
-    names = _get(obj, "NodeNames")
-    node_list = _get(obj, "Nodes")
-    if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise WireError("ExtenderArgs: NodeNames must be a list of strings")
-        return ExtenderArgs(pod, tuple(names), None)
-    if node_list is None:
-        raise WireError("ExtenderArgs carries neither NodeNames nor Nodes")
-    if not isinstance(node_list, Mapping):
-        raise WireError("ExtenderArgs: Nodes must be a NodeList object")
-    items = node_list.get("items") or []
-    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
-        raise WireError("ExtenderArgs: Nodes.items must be a list of Node objects")
-    found = []
-    for i, item in enumerate(items):
-        meta = item.get("metadata")
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        if not isinstance(name, str) or not name:
-            raise WireError(f"ExtenderArgs: Nodes.items[{i}] has no metadata.name")
-        found.append(name)
-    return ExtenderArgs(pod, tuple(found), tuple(items))
+def parse_extender_args(data: bytes) -> ExtenderArgs:
+    return decode(data, ExtenderArgs)
+
+
+class NodeListResult(msgspec.Struct, frozen=True, kw_only=True):
+    api_version: str = field(default="v1", name="apiVersion")
+    kind: str = "NodeList"
+    metadata: dict[str, str] = {}
+    items: tuple[Raw, ...] = ()
+
+
+class ExtenderFilterResult(Wire, frozen=True, kw_only=True):
+    """`ExtenderFilterResult`: the kept nodes in the request's form (the other one null)."""
+
+    WHAT: ClassVar[str] = "ExtenderFilterResult"
+
+    nodes: NodeListResult | None = field(default=None, name="Nodes")
+    node_names: tuple[str, ...] | None = field(default=None, name="NodeNames")
+    failed_nodes: dict[str, str] = field(default_factory=dict, name="FailedNodes")
+    failed_and_unresolvable_nodes: dict[str, str] = field(
+        default_factory=dict, name="FailedAndUnresolvableNodes"
+    )
+    error: str = field(default="", name="Error")
 
 
 def filter_result(
-    args: ExtenderArgs,
+    args: ExtenderArgs | None,
     kept: list[str],
     failed: Mapping[str, str] | None = None,
     error: str = "",
-) -> dict[str, Any]:
-    """`ExtenderFilterResult` in the form the request used."""
-    result: dict[str, Any] = {
-        "Nodes": None,
-        "NodeNames": None,
-        "FailedNodes": dict(failed or {}),
-        "FailedAndUnresolvableNodes": {},
-        "Error": error,
-    }
-    if args.nodes is None:
-        result["NodeNames"] = list(kept)
-    else:
-        wanted = set(kept)
-        result["Nodes"] = {
-            "apiVersion": "v1",
-            "kind": "NodeList",
-            "metadata": {},
-            "items": [n for n, name in zip(args.nodes, args.names, strict=True) if name in wanted],
-        }
-    return result
+) -> ExtenderFilterResult:
+    """`ExtenderFilterResult` in the form the request used (names when none was readable)."""
+    if args is None or args.cache_mode:
+        names = None if args is None else tuple(kept)
+        return ExtenderFilterResult(node_names=names, failed_nodes=dict(failed or {}), error=error)
+    wanted = set(kept)
+    items = tuple(n for n, name in zip(args.items, args.names, strict=True) if name in wanted)
+    return ExtenderFilterResult(
+        nodes=NodeListResult(items=items), failed_nodes=dict(failed or {}), error=error
+    )
 
 
-def error_filter_result(args: ExtenderArgs | None, error: str) -> dict[str, Any]:
+def error_filter_result(args: ExtenderArgs | None, error: str) -> ExtenderFilterResult:
     """An answer that fails the scheduling attempt with `error` (no node kept)."""
-    if args is None:
-        return {
-            "Nodes": None,
-            "NodeNames": None,
-            "FailedNodes": {},
-            "FailedAndUnresolvableNodes": {},
-            "Error": error,
-        }
     return filter_result(args, [], None, error)
 
 
-def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
+class HostPriority(msgspec.Struct, frozen=True):
+    """One entry of a `HostPriorityList` (0..10)."""
+
+    host: str = field(name="Host")
+    score: int = field(name="Score")
+
+
+def host_priority_list(scores: Mapping[str, int]) -> list[HostPriority]:
     """`HostPriorityList`: one `{"Host", "Score"}` per node, in the order given."""
-    return [{"Host": host, "Score": score} for host, score in scores.items()]
+    return [HostPriority(host, score) for host, score in scores.items()]
 
 
-@dataclass(frozen=True, slots=True)
-class BindingArgs:
+# --- /bind -----------------------------------------------------------------------------------
+
+
+class BindingArgs(Wire, frozen=True, kw_only=True):
     """`ExtenderBindingArgs` of /bind."""
 
-    pod_name: str
-    pod_namespace: str
-    pod_uid: str
-    node: str
+    WHAT: ClassVar[str] = "ExtenderBindingArgs"
+
+    pod_name: NonEmpty = field(name="PodName")
+    pod_namespace: NonEmpty = field(name="PodNamespace")
+    pod_uid: NonEmpty = field(name="PodUID")
+    node: NonEmpty = field(name="Node")
 
 
-def parse_binding_args(obj: Mapping[str, Any]) -> BindingArgs:
-    values = {}
-    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
-        value = _get(obj, key)
-        if not isinstance(value, str) or not value:
-            raise WireError(f"ExtenderBindingArgs: {key} must be a non-empty string")
-        values[key] = value
-    return BindingArgs(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
+def parse_binding_args(data: bytes) -> BindingArgs:
+    return decode(data, BindingArgs)
 
 
-def binding_result(error: str = "") -> dict[str, Any]:
+class BindingResult(Wire, frozen=True, kw_only=True):
     """`ExtenderBindingResult`."""
-    return {"Error": error}
+
+    WHAT: ClassVar[str] = "ExtenderBindingResult"
+
+    error: str = field(default="", name="Error")
+
+
+def binding_result(error: str = "") -> BindingResult:
+    return BindingResult(error=error)

@@ -22,15 +22,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
-from shared.wire import WireError, loads_object
 from svc_scheduler.extender import ERROR, Extender
 from svc_scheduler.extender_wire import (
+    BadInput,
     binding_result,
+    encode,
     error_filter_result,
     parse_binding_args,
     parse_extender_args,
@@ -47,11 +47,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-class BadInput(Exception):
-    """The body is not the JSON shape the route takes: answered 400 by the middleware."""
+    return web.Response(body=encode(body), status=status, content_type="application/json")
 
 
 class SchedulerHttp:
@@ -135,22 +131,15 @@ class SchedulerHttp:
                 log.exception("request failed", extra={"path": request.path})
                 return json_response({"Error": "numafit scheduler internal error"}, 500)
 
-    async def _body(self, request: web.Request, what: str) -> dict[str, Any]:
-        try:
-            return dict(loads_object(await request.read(), what))
-        except WireError as exc:
-            raise BadInput(str(exc)) from exc
-
     # --- extender ---------------------------------------------------------------------------
 
     async def _filter(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         result = ERROR
         try:
-            body = await self._body(request, "ExtenderArgs")
             try:
-                args = parse_extender_args(body)
-            except WireError as exc:
+                args = parse_extender_args(await request.read())
+            except BadInput as exc:
                 return json_response(error_filter_result(None, str(exc)), 400)
             answer, result = await self.extender.filter(args)
             return json_response(answer)
@@ -159,12 +148,11 @@ class SchedulerHttp:
             self.metrics.filter_duration.observe(time.perf_counter() - started)
 
     async def _prioritize(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request, "ExtenderArgs")
         try:
-            args = parse_extender_args(body)
-        except WireError as exc:
+            args = parse_extender_args(await request.read())
+        except BadInput:
             self.metrics.prioritize_total.labels("error").inc()
-            raise BadInput(str(exc)) from exc
+            raise
         answer = await self.extender.prioritize(args)
         self.metrics.prioritize_total.labels("ok").inc()
         return json_response(answer)
@@ -173,10 +161,9 @@ class SchedulerHttp:
         started = time.perf_counter()
         result = "invalid_request"
         try:
-            body = await self._body(request, "ExtenderBindingArgs")
             try:
-                args = parse_binding_args(body)
-            except WireError as exc:
+                args = parse_binding_args(await request.read())
+            except BadInput as exc:
                 return json_response(binding_result(str(exc)), 400)
             answer, result = await self.extender.bind(args)
             return json_response(answer)
@@ -193,11 +180,7 @@ class SchedulerHttp:
         return await self._review(request, mutate=False)
 
     async def _review(self, request: web.Request, *, mutate: bool) -> web.StreamResponse:
-        body = await self._body(request, "AdmissionReview")
-        try:
-            review = parse_review(body)
-        except WireError as exc:
-            raise BadInput(str(exc)) from exc
+        review = parse_review(await request.read())  # BadInput: answered 400
         decision = await self.admission.decide(review.operation, review.namespace, review.object)
         return json_response(review_response(review, decision, mutate=mutate))
 

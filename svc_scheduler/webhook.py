@@ -20,10 +20,11 @@ import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+import msgspec
 import orjson
+from msgspec import field
 
 from shared import subjects
 from shared.core.admission import AdmissionDecision, asks_for_gpus, review_pod_creation
@@ -32,7 +33,7 @@ from shared.core.errors import CoreError
 from shared.core.quota import QuotaLimit, limits_from_quotas
 from shared.service import kube_io
 from shared.service.kube_io import Kube
-from shared.wire import WireError
+from svc_scheduler.extender_wire import NonEmpty, Wire, decode
 from svc_scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger("numafit.scheduler")
@@ -115,40 +116,50 @@ class PodAdmission:
             self.metrics.webhook_total.labels("allowed", decision.reason).inc()
 
 
-@dataclass(frozen=True, slots=True)
-class Review:
-    """The parts of an AdmissionReview request the webhook reads."""
+class ReviewRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The parts of an AdmissionReview's `request` the webhook reads."""
 
-    uid: str
+    uid: NonEmpty
     operation: str
-    namespace: str
-    object: Any
-    api_version: str
+    namespace: str = ""
+    object: Any = None
+    """The Pod as sent (raw JSON), judged by the core."""
 
 
-def parse_review(obj: Mapping[str, Any]) -> Review:
-    request = obj.get("request")
-    if not isinstance(request, Mapping):
-        raise WireError("AdmissionReview has no request object")
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise WireError("AdmissionReview request.uid must be a non-empty string")
-    operation = request.get("operation")
-    if not isinstance(operation, str):
-        raise WireError("AdmissionReview request.operation must be a string")
-    pod = request.get("object")
-    namespace = request.get("namespace")
-    if not isinstance(namespace, str) or not namespace:
+class Review(Wire, frozen=True, kw_only=True):
+    """An AdmissionReview (its keys exactly as the API server writes them)."""
+
+    WHAT: ClassVar[str] = "AdmissionReview"
+
+    api_version: str = field(default=REVIEW_API_VERSION, name="apiVersion")
+    request: ReviewRequest
+
+    @property
+    def uid(self) -> str:
+        return self.request.uid
+
+    @property
+    def operation(self) -> str:
+        return self.request.operation
+
+    @property
+    def object(self) -> Any:
+        return self.request.object
+
+    @property
+    def namespace(self) -> str:
+        """The request's namespace, else the Pod's, else `default`."""
+        if self.request.namespace:
+            return self.request.namespace
+        pod = self.request.object
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
-    api_version = obj.get("apiVersion")
-    return Review(
-        uid,
-        operation,
-        namespace if isinstance(namespace, str) and namespace else "default",
-        pod,
-        api_version if isinstance(api_version, str) else REVIEW_API_VERSION,
-    )
+        return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def parse_review(data: bytes) -> Review:
+    """`BadInput` naming the field when `data` is no AdmissionReview."""
+    return decode(data, Review, any_case=False)
 
 
 def review_response(review: Review, decision: AdmissionDecision, *, mutate: bool) -> dict[str, Any]:

@@ -4,15 +4,17 @@ Given a refit request, the tracked pods, the node's usage snapshot and the quota
 whether the container's pending reservation can move onto one of kubelet's allowed GPUs, and if
 so produce the new annotation values. Committing them (with the pod's resourceVersion as a
 precondition, within the caller's deadline) is the accounting service's job, not the core's.
+
+Reply codes are `shared.codes.Code` (re-exported here as `Code`): one enum for every service.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.codes import Code as Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, effective, total
 from shared.core.config import CoreConfig
@@ -34,34 +36,6 @@ from shared.core.requests import ContainerRequest
 
 class RequestShapeError(CoreError):
     """A refit request is not an object or has a field of the wrong type."""
-
-
-class Code(enum.StrEnum):
-    """DESIGN.md's reply codes."""
-
-    MOVED = "moved"
-    ALREADY_ALIGNED = "already_aligned"
-    INVALID_REQUEST = "invalid_request"
-    UNKNOWN_DEVICE_TYPE = "unknown_device_type"
-    UNSUPPORTED_DEVICE_TYPE = "unsupported_device_type"
-    POD_NOT_TRACKED = "pod_not_tracked"
-    POD_MISMATCH = "pod_mismatch"
-    NODE_MISMATCH = "node_mismatch"
-    CONTAINER_OUT_OF_RANGE = "container_out_of_range"
-    CONTAINER_NAME_MISMATCH = "container_name_mismatch"
-    ANNOTATION_INVALID = "annotation_invalid"
-    NOTHING_PENDING = "nothing_pending"
-    NOTHING_RECORDED = "nothing_recorded"
-    HETEROGENEOUS_RESERVATION = "heterogeneous_reservation"
-    NODE_UNAVAILABLE = "node_unavailable"
-    MIG_UNSUPPORTED = "mig_unsupported"
-    INVALID_SCORING_WEIGHTS = "invalid_scoring_weights"
-    NO_FIT = "no_fit"
-    QUOTA_EXCEEDED = "quota_exceeded"
-    CONFLICT = "conflict"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    API_ERROR = "api_error"
-    UNAUTHORIZED = "unauthorized"
 
 
 @dataclass(frozen=True, slots=True)

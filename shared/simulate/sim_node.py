@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core.accounting import TrackedPod
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy, parse_cpus
-from shared.ledger_wire import tracked_from_wire
+from shared.messages import MessageError, SnapshotReply, SnapshotRequest, TrackedPodWire
 from shared.service import kube_io, natsconn
 from shared.service.health import HealthServer, Readiness
 from shared.service.kube import api_client
@@ -39,7 +39,6 @@ from shared.service.lifecycle import stop_on_signals
 from shared.service.logs import configure_logging
 from shared.simulate.driver import RESOURCE, Driver, NodeHandle
 from shared.simulate.scenario import CreatePod, DeletePod
-from shared.wire import WireError
 from svc_deviceplugin.discovery import SimulatedBackend
 
 log = logging.getLogger("numafit.sim-node")
@@ -86,24 +85,24 @@ class _Environment:
 
     async def tracked(self, uid: str) -> TrackedPod | None:
         node = next(iter(self._nodes))
+        request = SnapshotRequest(node=node, pod_uid=uid)
         try:
-            reply = await self.accounting.snapshot(node, pod_uid=uid)
+            reply = await self.accounting.ask(request, SnapshotReply)
         except AccountingUnavailable:
             return None
-        raw = reply.get("pod")
         try:
-            return tracked_from_wire(raw) if isinstance(raw, dict) else None
-        except WireError:
+            return reply.pod.to_core() if isinstance(reply.pod, TrackedPodWire) else None
+        except MessageError:
             return None
 
 
 async def _registered(accounting: AccountingClient, node: str) -> bool:
     try:
-        reply = await accounting.snapshot(node)
+        reply = await accounting.ask(SnapshotRequest(node=node), SnapshotReply)
     except AccountingUnavailable:
         return False
-    nodes = reply.get("nodes") or []
-    return bool(nodes and nodes[0].get("devices"))
+    nodes = reply.nodes or ()
+    return bool(nodes and nodes[0].devices)
 
 
 def _container(name: str, mem: int, cores: int, cpu: int, sidecar: bool = False) -> dict[str, Any]:

@@ -222,7 +222,7 @@ async def test_the_refit_gets_what_is_left_of_the_call(nats_url: str) -> None:
     async with fake_node(
         nats_url,
         1000,
-        replies={"pending": [{"ok": True, "pod": pod}], "refit": [refused]},
+        replies={"pending": [{"ok": True, "code": "ok", "pod": pod}], "refit": [refused]},
         delays={"pending": 0.4},
     ) as node:
         _, answer, error = await node.preferred()
@@ -284,7 +284,9 @@ async def test_unbounded_input_is_never_repeated_in_logs_or_errors(
     nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     pod = {**PENDING_POD, "numaAlignment": "y" * 10000}
-    async with fake_node(nats_url, 2000, replies={"pending": [{"ok": True, "pod": pod}]}) as node:
+    async with fake_node(
+        nats_url, 2000, replies={"pending": [{"ok": True, "code": "ok", "pod": pod}]}
+    ) as node:
         with caplog.at_level(logging.INFO, logger="numafit.deviceplugin"):
             _, answer, error = await node.preferred()
             assert error is None and answer == []

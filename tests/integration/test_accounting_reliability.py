@@ -379,12 +379,14 @@ async def test_bad_names_and_tokens_are_invalid_requests(nats_url: str, tmp_path
             (f"{prefix}.pending.bad", {"node": "Bad Node!"}, "node"),
             (f"{prefix}.pending.BAD", {"node": "bad"}, "subject token"),
             (f"{prefix}.consume.x", {"node": 5}, "node must be a string"),
-            (f"{prefix}.move.node-1", {"node": "node-1", "revision": "3"}, "podUID"),
+            # The typed decode names the first field it cannot read, and the type it expected.
+            (f"{prefix}.move.node-1", {"node": "node-1", "revision": "3"}, "`int`, got `str`"),
+            (f"{prefix}.move.node-1", {"node": "node-1", "revision": 3}, "field `podUID`"),
             (f"{prefix}.reserve._all", {}, "one node"),
             (
                 f"{prefix}.move.node-1",
                 {"node": "node-1", "podUID": "u", "revision": 0, "podResourceVersion": 5},
-                "podResourceVersion must be a string",
+                "`str | null`, got `int` - at `$.podResourceVersion`",
             ),
         ]
         for subject, body, fragment in cases:

@@ -225,11 +225,15 @@ async def test_accounting_restart_rebuilds_the_same_ledger(nats_url: str, tmp_pa
     [
         (b"{not json", "invalid_request", "not valid JSON"),
         (b"[1, 2]", "invalid_request", "must be a JSON object"),
-        (orjson.dumps({"podUID": 5}), "invalid_request", "podUID must be a string"),
+        (
+            orjson.dumps({"podUID": 5}),
+            "invalid_request",
+            "Expected `str`, got `int` - at `$.podUID`",
+        ),
         (
             orjson.dumps({"containerIndex": "1"}),
             "invalid_request",
-            "containerIndex must be an integer",
+            "Expected `int`, got `str` - at `$.containerIndex`",
         ),
         (orjson.dumps({"timeoutMs": -1}), "invalid_request", "timeoutMs"),
     ],

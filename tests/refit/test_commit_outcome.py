@@ -17,6 +17,7 @@ import pytest
 
 from shared.accounting_client import AccountingUnavailable
 from shared.core import keys
+from shared.messages import MoveRequest
 from tests.integration.harness import harness
 from tests.metrics import refit_counter
 from tests.refit.helpers import request_for, worked_objects
@@ -30,15 +31,15 @@ async def test_a_move_whose_answer_is_lost_is_reported_moved_when_it_landed(
     async with harness(nats_url, tmp_path, worked_objects()) as h:
         created = await h.pod("ml", "train")
         assert h.refit is not None
-        real = h.refit.accounting.call
+        real = h.refit.accounting.ask
 
-        async def answer_lost(op: str, node: str, body: Any, budget: Any = None, **kw: Any) -> Any:
-            reply = await real(op, node, body, budget, **kw)
-            if op == "move":
+        async def answer_lost(request: Any, *args: Any, **kw: Any) -> Any:
+            reply = await real(request, *args, **kw)
+            if isinstance(request, MoveRequest):
                 raise AccountingUnavailable("the answer was lost on its way back")
             return reply
 
-        monkeypatch.setattr(h.refit.accounting, "call", answer_lost)
+        monkeypatch.setattr(h.refit.accounting, "ask", answer_lost)
         reply = await h.refit_request(request_for(created))
         assert reply == {
             "succeeded": True,
@@ -60,14 +61,14 @@ async def test_a_move_that_did_not_land_is_not_reported_moved(
         async def never_answers(*_: Any, **__: Any) -> Any:
             raise AccountingUnavailable("no answer")
 
-        real = h.refit.accounting.call
+        real = h.refit.accounting.ask
 
-        async def move_lost(op: str, node: str, body: Any, budget: Any = None, **kw: Any) -> Any:
-            if op == "move":
+        async def move_lost(request: Any, *args: Any, **kw: Any) -> Any:
+            if isinstance(request, MoveRequest):
                 return await never_answers()
-            return await real(op, node, body, budget, **kw)
+            return await real(request, *args, **kw)
 
-        monkeypatch.setattr(h.refit.accounting, "call", move_lost)
+        monkeypatch.setattr(h.refit.accounting, "ask", move_lost)
         reply = await h.refit_request(request_for(created))
         assert (reply["succeeded"], reply["code"]) == (False, "deadline_exceeded")
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]

@@ -17,18 +17,27 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared import subjects
+from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.core import codec, keys
 from shared.core.accounting import track_pod
 from shared.core.pods import pod_from_object
 from shared.core.quota import QuotaLedger
-from shared.ledger_wire import NodeState, node_state_to_wire, quota_to_wire, tracked_to_wire
+from shared.messages import (
+    MoveReply,
+    MoveRequest,
+    NodeState,
+    NodeStateWire,
+    QuotaWire,
+    SnapshotReply,
+    TrackedPodWire,
+)
 from shared.service import natsconn
 from svc_refit.service import RefitService
 from tests.integration.harness import harness, wait_for
@@ -92,7 +101,7 @@ async def test_snapshot_all_is_bounded_by_one_budget(nats_url: str, restarting: 
         started = time.perf_counter()
         with pytest.raises(AccountingUnavailable):
             async with asyncio.timeout(3):  # the old client never returned
-                await AccountingClient(nc).snapshot_all(budget=0.3)
+                await AccountingClient(nc).every_node(budget=0.3)
         assert (
             time.perf_counter() - started < 1.0
         )  # the old client waited three full budgets per page
@@ -102,32 +111,34 @@ async def test_a_call_never_waits_past_its_budget(nats_url: str) -> None:
     async with fake_accounting(nats_url, {"move": _ignore}), client(nats_url) as nc:
         accounting = AccountingClient(nc)
         started = time.perf_counter()
+        move = MoveRequest(
+            pod_uid="u", revision=1, container_index=0, to_allocate="", allocated="", node="node-1"
+        )
         with pytest.raises(AccountingUnavailable):
-            await accounting.call("move", "node-1", {}, budget=0.2)
+            await accounting.ask(move, MoveReply, budget=0.2)
         assert time.perf_counter() - started < 0.7
         with pytest.raises(AccountingUnavailable):  # no budget: nothing is sent
-            await accounting.call("move", "node-1", {}, budget=0)
+            await accounting.ask(move, MoveReply, budget=0)
 
 
-def _worked_snapshot(pod_uid: str | None, namespace: str | None) -> dict[str, Any]:
+def _worked_snapshot(pod_uid: str | None, namespace: str | None) -> SnapshotReply:
     example = json.loads(WORKED.read_text())
     devices = codec.parse_register(example["node"]["metadata"]["annotations"][keys.NODE_REGISTER])
     tracked = track_pod(pod_from_object(example["pods"][0]))
     assert tracked is not None
     state = NodeState("node-1", 7, devices, frozenset(), (tracked,))
-    reply: dict[str, Any] = {
-        "ok": True,
-        "code": "ok",
-        "epoch": "e",
-        "node": "node-1",
-        "revision": 7,
-        "nodes": [node_state_to_wire(state)],
-    }
-    if pod_uid:
-        reply["pod"] = tracked_to_wire(tracked) if pod_uid == tracked.uid else None
-    if namespace:
-        reply["quota"] = quota_to_wire(QuotaLedger(), namespace)
-    return reply
+    return SnapshotReply(
+        ok=True,
+        code="ok",
+        epoch="e",
+        node="node-1",
+        revision=7,
+        nodes=(NodeStateWire.from_state(state),),
+        pod=(TrackedPodWire.from_core(tracked) if pod_uid == tracked.uid else None)
+        if pod_uid
+        else msgspec.UNSET,
+        quota=QuotaWire.from_ledger(QuotaLedger(), namespace) if namespace else None,
+    )
 
 
 def _worked_request(**extra: Any) -> dict[str, Any]:
@@ -139,7 +150,7 @@ def _worked_request(**extra: Any) -> dict[str, Any]:
 async def _snapshot(msg: Msg) -> None:
     body = orjson.loads(msg.data)
     reply = _worked_snapshot(body.get("podUID"), body.get("namespace"))
-    await msg.respond(orjson.dumps(reply))
+    await msg.respond(messages.encode(reply))
 
 
 async def test_accounting_must_answer_a_move_well_before_the_refit_stops_waiting(
@@ -157,6 +168,7 @@ async def test_accounting_must_answer_a_move_well_before_the_refit_stops_waiting
     ):
         refit = RefitService(refit_nc, None)
         await refit.start()
+        await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:
             msg = await nc.request(
                 subjects.refit("node-1"), orjson.dumps(_worked_request(timeoutMs=2000)), timeout=3
@@ -181,6 +193,7 @@ async def test_a_silent_accounting_is_answered_within_the_budget(nats_url: str) 
     ):
         refit = RefitService(refit_nc, None)
         await refit.start()
+        await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:
             started = time.perf_counter()
             msg = await nc.request(

@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 from shared.core import keys
+from shared.messages import SnapshotReply, SnapshotRequest
 from svc_scheduler.service import SchedulerOptions, SchedulerService, spec
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness
@@ -47,9 +48,9 @@ class Stack:
         return result
 
     async def revision(self, node_name: str) -> int:
-        reply = await self.h.client.snapshot(node_name)
-        revision: int = reply["nodes"][0]["revision"]
-        return revision
+        reply = await self.h.client.ask(SnapshotRequest(node=node_name), SnapshotReply)
+        assert reply.nodes
+        return reply.nodes[0].revision
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.core import keys
+from shared.messages import ReserveReply, ReserveRequest, SnapshotReply, SnapshotRequest
 from svc_scheduler.read_model import ReadModel
 from tests.builders import gpu, node
 from tests.integration.harness import wait_for
@@ -183,8 +184,9 @@ async def test_filter_excludes_the_pods_own_earlier_reservation(
         assert result["NodeNames"] == ["node-1"], result
         annotations = await s.annotations("ml", "train")
         assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,30000,30:;"
-        usage = (await s.h.client.snapshot("node-1"))["nodes"][0]
-        assert len(usage["pods"]) == 1
+        reply = await s.h.client.ask(SnapshotRequest(node="node-1"), SnapshotReply)
+        assert reply.nodes is not None
+        assert len(reply.nodes[0].pods) == 1
 
 
 class RaceOnFirstReserve:
@@ -198,23 +200,21 @@ class RaceOnFirstReserve:
         self.allocated = allocated
         self.raced = False
 
-    async def call(self, op: str, node_name: str, body: Any, budget: float | None = None) -> Any:
-        if op == "reserve" and not self.raced:
+    async def ask(self, request: Any, reply_type: Any, budget: float | None = None) -> Any:
+        if isinstance(request, ReserveRequest) and not self.raced:
             self.raced = True
             meta = self.intruder["metadata"]
-            reply = await self.s.h.client.call(
-                "reserve",
-                node_name,
-                {
-                    "podUID": meta["uid"],
-                    "podNamespace": meta["namespace"],
-                    "podName": meta["name"],
-                    "revision": await self.s.revision(node_name),
-                    "allocated": self.allocated,
-                },
+            intrusion = ReserveRequest(
+                pod_uid=meta["uid"],
+                pod_namespace=meta["namespace"],
+                pod_name=meta["name"],
+                revision=await self.s.revision(request.node),
+                allocated=self.allocated,
+                node=request.node,
             )
-            assert reply["ok"], reply
-        return await self.real.call(op, node_name, body, budget)
+            reply = await self.s.h.client.ask(intrusion, ReserveReply)
+            assert reply.ok, reply
+        return await self.real.ask(request, reply_type, budget)
 
 
 async def test_reserve_conflict_recomputes_on_fresh_state(nats_url: str, tmp_path: Path) -> None:
@@ -246,22 +246,20 @@ async def test_read_model_follows_usage_updates_without_snapshots(
         snapshots = counter(s, "numafit_scheduler_read_model_snapshots_total", scope="node")
         other = await s.h.create("pod", pending_pod("other"))
         meta = other["metadata"]
-        reply = await s.h.client.call(
-            "reserve",
-            "node-1",
-            {
-                "podUID": meta["uid"],
-                "podNamespace": "ml",
-                "podName": "other",
-                "revision": before.revision,
-                "allocated": "GPU-a,NVIDIA,20000,30:;",
-            },
+        request = ReserveRequest(
+            pod_uid=meta["uid"],
+            pod_namespace="ml",
+            pod_name="other",
+            revision=before.revision,
+            allocated="GPU-a,NVIDIA,20000,30:;",
+            node="node-1",
         )
-        assert reply["ok"], reply
+        reply = await s.h.client.ask(request, ReserveReply)
+        assert reply.ok, reply
 
         def updated() -> bool:
             view = model.view("node-1")
-            return view is not None and view.revision == reply["revision"]
+            return view is not None and view.revision == reply.revision
 
         await wait_for(updated)
         view = model.view("node-1")

@@ -14,7 +14,8 @@ import pytest
 
 from shared.core import keys
 from shared.kube_emulator.scheduler_webhook import WEBHOOK_NAME, emulator_admission_hook
-from svc_scheduler.webhook import PodAdmission
+from svc_scheduler.extender_wire import BadInput
+from svc_scheduler.webhook import PodAdmission, parse_review
 from tests.builders import container, quota
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
 
@@ -166,3 +167,40 @@ async def test_hook_without_quota_source_still_refuses_invalid_values() -> None:
         await hook(AdmissionRequest("CREATE", "Pod", "ml", "w", pod))
     assert "'slot' given twice" in denied.value.message
     assert await hook(AdmissionRequest("UPDATE", "Pod", "ml", "w", pod)) is None
+
+
+def test_parse_review_reads_what_the_webhook_needs() -> None:
+    pod = pending_pod("train")
+    body = review(pod)
+    parsed = parse_review(orjson.dumps(body))
+    assert (parsed.uid, parsed.operation, parsed.namespace) == (
+        body["request"]["uid"],
+        "CREATE",
+        "ml",
+    )
+    assert parsed.object == pod and parsed.api_version == "admission.k8s.io/v1"
+    # No namespace in the request: the Pod's, else `default`; no apiVersion: v1.
+    del body["request"]["namespace"], body["apiVersion"]
+    pod["metadata"]["namespace"] = "team"
+    assert parse_review(orjson.dumps(body)).namespace == "team"
+    assert parse_review(orjson.dumps(body)).api_version == "admission.k8s.io/v1"
+    body["request"]["object"] = None
+    assert parse_review(orjson.dumps(body)).namespace == "default"
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{", "AdmissionReview is not valid JSON"),
+        (b"[]", "AdmissionReview must be a JSON object"),
+        (b"{}", "`request`"),
+        (b'{"request": 1}', "$.request"),
+        (b'{"request": {"operation": "CREATE"}}', "`uid`"),
+        (b'{"request": {"uid": "", "operation": "CREATE"}}', "$.request.uid"),
+        (b'{"request": {"uid": "u", "operation": 5}}', "$.request.operation"),
+    ],
+)
+def test_parse_review_refuses_other_shapes_naming_the_field(raw: bytes, fragment: str) -> None:
+    with pytest.raises(BadInput) as raised:
+        parse_review(raw)
+    assert fragment in str(raised.value)

@@ -1,0 +1,174 @@
+"""The outcome of one GetPreferredAllocation container request, as one pure function.
+
+`decide()` turns what the allocator learnt (the mismatch, the pod's mode, whether a refit may
+be asked, the refit's reply or timeout, whether a committed move maps to kubelet's replicas)
+into one `Outcome`; `EFFECTS` says, for each, everything the allocator does with it: the
+`result` label of `numafit_deviceplugin_refits_total{mode,result}`, the outcome recorded for
+`numafit simulate`, the log line, and whether kubelet's choice is kept (a fallback, remembered
+as misaligned at Allocate) or the admission fails. Nothing else decides these.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from shared.codes import Code
+from shared.core.pods import Alignment
+from shared.messages import RefitReply
+
+
+class Outcome(enum.Enum):
+    NO_MISMATCH = enum.auto()
+    """Every reserved GPU has an allowed replica: the reservation is preferred."""
+    NOT_OPTED_IN = enum.auto()
+    """A mismatch, but no refit: the pod did not opt in (or refits are off, or MIG mode)."""
+    MOVED = enum.auto()
+    ALREADY_ALIGNED = enum.auto()
+    FALLBACK = enum.auto()
+    """Best-effort, no usable reply (no responders, transport error, unreadable reply)."""
+    REFUSED = enum.auto()
+    """Best-effort, the refit service refused: kubelet picks."""
+    TIMEOUT = enum.auto()
+    """Best-effort, no answer within the call's budget: kubelet picks."""
+    STRICT_FAILED = enum.auto()
+    """Strict, refused or no usable reply: the admission fails."""
+    STRICT_TIMEOUT = enum.auto()
+    """Strict, no answer within the call's budget: the admission fails."""
+    UNMAPPABLE = enum.auto()
+    """Best-effort, the move is committed but kubelet cannot honour it: the admission fails."""
+    STRICT_UNMAPPABLE = enum.auto()
+    """Strict, the move is committed but kubelet cannot honour it: the admission fails."""
+
+
+class Then(enum.Enum):
+    """What GetPreferredAllocation answers for the container."""
+
+    SELECT = "select"
+    """The selection (the reservation's, or the refit's)."""
+    KUBELET = "kubelet"
+    """Nothing: kubelet picks."""
+    FALLBACK = "fallback"
+    """Nothing, and the container is remembered as misaligned once allocated."""
+    FAIL = "fail"
+    """Bind-phase `failed` is recorded and the admission fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    result: str
+    """The metric's `result` label."""
+    record: str
+    """What `numafit simulate` reports (`{code}`: the refusal's bounded code)."""
+    then: Then
+    level: int = logging.INFO
+    message: str | None = None
+    """The log line (None: none)."""
+    detail: str = "cause"
+    """The log field carrying the detail (the cause, the mismatch, the code)."""
+    refusal: str = ""
+    """The admission error (`{detail}`: the cause), when `then` is FAIL."""
+    own_mode: bool = True
+    """The metric's `mode` label is the pod's (else `none`)."""
+
+
+_FALLBACK = "refit fallback: kubelet picks"
+_STRICT = "strict refit failed"
+_STRICT_REFUSAL = "numa-alignment strict: {detail}"
+_UNMAPPABLE = "refit committed but unmappable"
+_UNMAPPABLE_REFUSAL = "numa refit committed but kubelet cannot honor the selection: {detail}"
+
+EFFECTS: Final[Mapping[Outcome, Effect]] = {
+    Outcome.NO_MISMATCH: Effect("no_mismatch", "none", Then.SELECT),
+    Outcome.NOT_OPTED_IN: Effect(
+        "not_opted_in",
+        "none",
+        Then.KUBELET,
+        message="mismatch, no refit",
+        detail="error",
+        own_mode=False,
+    ),
+    Outcome.MOVED: Effect(
+        "moved", "moved", Then.SELECT, message="NUMA refit succeeded", detail="code"
+    ),
+    Outcome.ALREADY_ALIGNED: Effect(
+        "already_aligned",
+        "already_aligned",
+        Then.SELECT,
+        message="NUMA refit succeeded",
+        detail="code",
+    ),
+    Outcome.FALLBACK: Effect("fallback", "fallback", Then.FALLBACK, message=_FALLBACK),
+    Outcome.REFUSED: Effect("fallback", "refused:{code}", Then.FALLBACK, message=_FALLBACK),
+    Outcome.TIMEOUT: Effect("timeout", "timeout", Then.FALLBACK, message=_FALLBACK),
+    Outcome.STRICT_FAILED: Effect(
+        "strict_failed",
+        "strict_failed",
+        Then.FAIL,
+        logging.ERROR,
+        _STRICT,
+        refusal=_STRICT_REFUSAL,
+    ),
+    Outcome.STRICT_TIMEOUT: Effect(
+        "timeout", "strict_failed", Then.FAIL, logging.ERROR, _STRICT, refusal=_STRICT_REFUSAL
+    ),
+    Outcome.UNMAPPABLE: Effect(
+        "unmappable",
+        "refused:unmappable",
+        Then.FAIL,
+        logging.ERROR,
+        _UNMAPPABLE,
+        "error",
+        _UNMAPPABLE_REFUSAL,
+    ),
+    Outcome.STRICT_UNMAPPABLE: Effect(
+        "unmappable",
+        "strict_failed",
+        Then.FAIL,
+        logging.ERROR,
+        _UNMAPPABLE,
+        "error",
+        _UNMAPPABLE_REFUSAL,
+    ),
+}
+
+
+def decide(
+    *,
+    mismatch: bool,
+    mode: Alignment | None,
+    refit_allowed: bool = True,
+    reply: RefitReply | None = None,
+    timed_out: bool = False,
+    mappable: bool = True,
+) -> Outcome:
+    """The outcome of one container request.
+
+    `mismatch`: a reserved GPU has no allowed replica. `mode`: the pod's valid
+    `hami.io/numa-alignment` (None: absent or invalid). `refit_allowed`: refits are enabled
+    and the node is not in MIG mode. `reply`: the refit's reply (None: none, or unreadable);
+    `timed_out`: no reply within the budget. `mappable`: a successful reply's devices map to
+    kubelet's replicas."""
+    if not mismatch:
+        return Outcome.NO_MISMATCH
+    if mode is None or not refit_allowed:
+        return Outcome.NOT_OPTED_IN
+    strict = mode is Alignment.STRICT
+    if reply is not None and reply.succeeded:
+        if not mappable:
+            return Outcome.STRICT_UNMAPPABLE if strict else Outcome.UNMAPPABLE
+        aligned = Code.parse(reply.code, Code.MOVED) is Code.ALREADY_ALIGNED
+        return Outcome.ALREADY_ALIGNED if aligned else Outcome.MOVED
+    if timed_out:
+        return Outcome.STRICT_TIMEOUT if strict else Outcome.TIMEOUT
+    if strict:
+        return Outcome.STRICT_FAILED
+    return Outcome.FALLBACK if reply is None else Outcome.REFUSED
+
+
+def mode_label(outcome: Outcome, mode: Alignment | None) -> str:
+    """The metric's `mode` label."""
+    return mode.value if mode is not None and EFFECTS[outcome].own_mode else "none"

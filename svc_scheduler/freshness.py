@@ -1,0 +1,202 @@
+"""How fresh the scheduler's read model is: pure bookkeeping, no I/O.
+
+`Freshness` holds every node's view (devices, usage, revision) as accounting last said, and
+decides from each message what it proves: an update that applies in place, or one that cannot
+be trusted to describe the node completely, so that the node (or everything) must be fetched
+again. `ReadModel` (read_model.py) does the I/O around it: it feeds it usage updates and
+snapshots and fetches what it reports stale.
+
+The rules:
+
+- before the first snapshot (no epoch yet) updates are ignored: that snapshot includes them;
+- another epoch (accounting restarted): everything is fetched again (`needs_full`);
+- a node it does not know, a revision gap, a device set that differs from the inventory it
+  holds: that node is stale;
+- a revision bump with unchanged usage: that node is stale too. Such a bump is a change the
+  usage table does not show (a cordon, a new register annotation, a bind phase), and a cordon
+  must be seen before the next fit;
+- a commit answered with a revision (`expect`): the node is stale until it holds that one;
+- a snapshot never rolls a node back behind an update applied while it travelled;
+- `deleted` (the Node was deleted) drops the node.
+
+A node the last full snapshot did not hold, and that no update has named since, does not exist
+for accounting: it is neither known nor stale, so no fetch is asked for it.
+
+Quota: a namespace's GPU quota is remembered with the time it was read; one without limits is
+trusted for `QUOTA_TTL` seconds, a limited one never (its usage moves with every reservation in
+the namespace). Times are given by the caller (`time.monotonic()`), so this stays pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from shared import subjects
+from shared.core.model import NodeSnapshot
+from shared.core.quota import QuotaLedger
+from shared.messages import UsageUpdate, apply_usage
+
+QUOTA_TTL: Final = 5.0
+"""Seconds a namespace seen without GPU quota limits is trusted to still have none."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node at one revision. Never changed after creation: a filter that captured it keeps
+    a consistent (snapshot, revision) pair while other updates arrive."""
+
+    name: str
+    revision: int
+    snapshot: NodeSnapshot | None
+    """Devices with the usage accounting counts; None when the node has no GPU inventory."""
+
+
+@dataclass(slots=True)
+class Freshness:
+    """Every node's view and what of it must be fetched again."""
+
+    epoch: str | None = None
+    """Accounting's epoch of the last snapshot; None until the first has landed."""
+    needs_full: bool = True
+    """Everything must be fetched again (on start, after a reconnect, after a new epoch)."""
+    _views: dict[str, NodeView] = field(default_factory=dict)
+    _stale: set[str] = field(default_factory=set)
+    _expected: dict[str, int] = field(default_factory=dict)
+    _quota: dict[str, tuple[QuotaLedger, float]] = field(default_factory=dict)
+
+    # --- what is known ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Nodes with a view."""
+        return len(self._views)
+
+    def view(self, node: str) -> NodeView | None:
+        return self._views.get(node)
+
+    def is_fresh(self, node: str) -> bool:
+        """Known, not stale, and at least at the revision a commit answered."""
+        view = self._views.get(node)
+        return (
+            view is not None
+            and node not in self._stale
+            and view.revision >= self._expected.get(node, 0)
+        )
+
+    def needs_fetch(self, node: str) -> bool:
+        """Stale, or known to have changed; a node nobody has named since the last full
+        snapshot is absent, not stale."""
+        if node in self._views:
+            return not self.is_fresh(node)
+        return node in self._stale
+
+    def to_fetch(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` (once each) that need a fetch."""
+        return [n for n in dict.fromkeys(names) if self.needs_fetch(n)]
+
+    # --- what changes it --------------------------------------------------------------------
+
+    def apply_update(self, update: UsageUpdate) -> None:
+        """Apply one published usage table, or mark the node (or everything) for a fetch."""
+        if self.epoch is None:
+            return  # the first snapshot is still to come and will include this
+        if update.epoch != self.epoch:
+            self.needs_full = True
+            return
+        node = update.node
+        if update.deleted:
+            self.drop(node)
+            return
+        if not subjects.valid_name(node):
+            return  # accounting only knows Kubernetes node names
+        view = self._views.get(node)
+        if view is None or update.revision > view.revision + 1:
+            self._stale.add(node)
+            return
+        if update.revision <= view.revision:
+            return  # already seen (a snapshot overtook it)
+        updated = _with_usage(view.snapshot, update)
+        if updated is None:
+            self._stale.add(node)
+            return
+        self._views[node] = NodeView(node, update.revision, updated)
+
+    def apply_snapshot(
+        self, epoch: str, views: Iterable[NodeView], *, full: bool, asked: str | None = None
+    ) -> None:
+        """Store a snapshot of every node (`full`) or of the node `asked` for; a node asked for
+        and not in it is unknown to accounting: dropped (absent, not stale)."""
+        received = list(views)
+        new_epoch = epoch != self.epoch
+        previous = self._views
+        if new_epoch:
+            # Accounting restarted: revisions of its previous run mean nothing any more.
+            self._expected.clear()
+            previous = {}
+        if full:
+            self._views = {}
+            self._stale.clear()
+            self.needs_full = False
+        elif new_epoch:
+            self.needs_full = True  # every other view belongs to the previous run
+        self.epoch = epoch
+        for view in received:
+            current = previous.get(view.name)
+            if current is not None and view.revision < current.revision:
+                # An update newer than this snapshot was applied while it travelled.
+                self._views[view.name] = current
+                continue
+            self._views[view.name] = view
+            self._stale.discard(view.name)
+        if asked is not None and all(v.name != asked for v in received):
+            self.drop(asked)
+
+    def expect(self, node: str, revision: int) -> None:
+        """A commit answered with `revision`: anything older is stale for this node."""
+        self._expected[node] = max(self._expected.get(node, 0), revision)
+
+    def invalidate(self, node: str) -> None:
+        """The node must be fetched before the next decision on it."""
+        self._stale.add(node)
+
+    def invalidate_all(self) -> None:
+        """Updates may have been missed (a reconnect): everything is fetched again."""
+        self.needs_full = True
+
+    def drop(self, node: str) -> None:
+        """The node was deleted (or accounting does not know it): forget everything about it."""
+        self._views.pop(node, None)
+        self._stale.discard(node)
+        self._expected.pop(node, None)
+
+    # --- quota ------------------------------------------------------------------------------
+
+    def remember_quota(self, namespace: str, quota: QuotaLedger, now: float) -> None:
+        self._quota[namespace] = (quota, now)
+
+    def cached_quota(self, namespace: str, now: float) -> QuotaLedger | None:
+        """A namespace known to have no GPU limits (recently); None means: ask accounting."""
+        cached = self._quota.get(namespace)
+        if cached is None:
+            return None
+        quota, at = cached
+        if quota.limited(namespace) or now - at > QUOTA_TTL:
+            return None
+        return quota
+
+    def forget_quota(self, namespace: str) -> None:
+        self._quota.pop(namespace, None)
+
+
+def _with_usage(snapshot: NodeSnapshot | None, update: UsageUpdate) -> NodeSnapshot | None:
+    """`snapshot` with the published usage, or None when the table cannot be applied as is
+    (another device set, or unchanged usage: see the module docstring)."""
+    if snapshot is None:
+        return None
+    updated = apply_usage(snapshot, update.devices)
+    if updated is None:
+        return None
+    if [d.as_dict() for d in updated.devices] == [d.as_dict() for d in snapshot.devices]:
+        return None
+    return updated

@@ -1,0 +1,113 @@
+"""The preferred-allocation outcome: one pure function, one table of effects."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.core.pods import Alignment
+from shared.messages import RefitReply
+from svc_deviceplugin.metrics import REFIT_RESULTS
+from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
+
+BE, STRICT = Alignment.BEST_EFFORT, Alignment.STRICT
+MOVED = RefitReply(succeeded=True, code="moved", container_devices="GPU-a,NVIDIA,1,1:")
+ALIGNED = RefitReply(succeeded=True, code="already_aligned", container_devices="GPU-a,NVIDIA,1,1:")
+NEWER = RefitReply(succeeded=True, code="some_newer_success", container_devices="x")
+REFUSED = RefitReply(succeeded=False, code="no_fit", failure_reason="no allowed device fits")
+
+# mismatch, mode, refit allowed, reply, timed out, mappable -> outcome
+TABLE = [
+    (False, None, True, None, False, True, Outcome.NO_MISMATCH),
+    (False, STRICT, False, None, False, True, Outcome.NO_MISMATCH),
+    (True, None, True, None, False, True, Outcome.NOT_OPTED_IN),
+    (True, BE, False, None, False, True, Outcome.NOT_OPTED_IN),
+    (True, STRICT, False, None, False, True, Outcome.NOT_OPTED_IN),
+    (True, BE, True, MOVED, False, True, Outcome.MOVED),
+    (True, STRICT, True, MOVED, False, True, Outcome.MOVED),
+    (True, BE, True, NEWER, False, True, Outcome.MOVED),
+    (True, BE, True, ALIGNED, False, True, Outcome.ALREADY_ALIGNED),
+    (True, STRICT, True, ALIGNED, False, True, Outcome.ALREADY_ALIGNED),
+    (True, BE, True, MOVED, False, False, Outcome.UNMAPPABLE),
+    (True, STRICT, True, ALIGNED, False, False, Outcome.STRICT_UNMAPPABLE),
+    (True, BE, True, REFUSED, False, True, Outcome.REFUSED),
+    (True, STRICT, True, REFUSED, False, True, Outcome.STRICT_FAILED),
+    (True, BE, True, None, False, True, Outcome.FALLBACK),
+    (True, STRICT, True, None, False, True, Outcome.STRICT_FAILED),
+    (True, BE, True, None, True, True, Outcome.TIMEOUT),
+    (True, STRICT, True, None, True, True, Outcome.STRICT_TIMEOUT),
+]
+
+
+@pytest.mark.parametrize(
+    ("mismatch", "mode", "allowed", "reply", "timed_out", "mappable", "expected"), TABLE
+)
+def test_decide(
+    mismatch: bool,
+    mode: Alignment | None,
+    allowed: bool,
+    reply: RefitReply | None,
+    timed_out: bool,
+    mappable: bool,
+    expected: Outcome,
+) -> None:
+    got = decide(
+        mismatch=mismatch,
+        mode=mode,
+        refit_allowed=allowed,
+        reply=reply,
+        timed_out=timed_out,
+        mappable=mappable,
+    )
+    assert got is expected
+
+
+def test_every_outcome_is_in_the_table() -> None:
+    assert {row[-1] for row in TABLE} == set(Outcome) == set(EFFECTS)
+
+
+# outcome, mode -> (mode label, result label, recorded outcome, what kubelet gets)
+EFFECTS_TABLE = [
+    (Outcome.NO_MISMATCH, None, ("none", "no_mismatch", "none", Then.SELECT)),
+    (Outcome.NO_MISMATCH, STRICT, ("strict", "no_mismatch", "none", Then.SELECT)),
+    (Outcome.NOT_OPTED_IN, BE, ("none", "not_opted_in", "none", Then.KUBELET)),
+    (Outcome.MOVED, BE, ("best-effort", "moved", "moved", Then.SELECT)),
+    (
+        Outcome.ALREADY_ALIGNED,
+        STRICT,
+        ("strict", "already_aligned", "already_aligned", Then.SELECT),
+    ),
+    (Outcome.FALLBACK, BE, ("best-effort", "fallback", "fallback", Then.FALLBACK)),
+    (Outcome.REFUSED, BE, ("best-effort", "fallback", "refused:no_fit", Then.FALLBACK)),
+    (Outcome.TIMEOUT, BE, ("best-effort", "timeout", "timeout", Then.FALLBACK)),
+    (Outcome.STRICT_FAILED, STRICT, ("strict", "strict_failed", "strict_failed", Then.FAIL)),
+    (Outcome.STRICT_TIMEOUT, STRICT, ("strict", "timeout", "strict_failed", Then.FAIL)),
+    (Outcome.UNMAPPABLE, BE, ("best-effort", "unmappable", "refused:unmappable", Then.FAIL)),
+    (Outcome.STRICT_UNMAPPABLE, STRICT, ("strict", "unmappable", "strict_failed", Then.FAIL)),
+]
+
+
+@pytest.mark.parametrize(("outcome", "mode", "expected"), EFFECTS_TABLE)
+def test_effects(
+    outcome: Outcome, mode: Alignment | None, expected: tuple[str, str, str, Then]
+) -> None:
+    effect = EFFECTS[outcome]
+    got = (
+        mode_label(outcome, mode),
+        effect.result,
+        effect.record.format(code="no_fit"),
+        effect.then,
+    )
+    assert got == expected
+
+
+def test_every_label_pair_is_a_series_created_at_zero() -> None:
+    for _, mode, _, _, _, _, outcome in TABLE:
+        label = mode_label(outcome, mode)
+        assert EFFECTS[outcome].result in REFIT_RESULTS[label], (outcome, label)
+
+
+def test_failures_say_why() -> None:
+    for outcome, effect in EFFECTS.items():
+        assert (effect.then is Then.FAIL) == bool(effect.refusal), outcome
+        assert effect.refusal.format(detail="X").endswith(": X") or not effect.refusal
+        assert effect.message is not None or outcome is Outcome.NO_MISMATCH

@@ -1,0 +1,199 @@
+"""The read model's freshness rules, without NATS: apply updates in order, or ask for a fetch
+when an update cannot describe the node completely (gap, new epoch, unknown node, other devices,
+unchanged usage such as a cordon); snapshots never roll a node back; quota is trusted a while."""
+
+from __future__ import annotations
+
+from shared.core.model import DeviceInfo, DeviceUsage, NodeSnapshot
+from shared.core.quota import QuotaLedger, QuotaLimit
+from shared.messages import UsageEntry, UsageUpdate
+from svc_scheduler.freshness import QUOTA_TTL, Freshness, NodeView
+
+GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
+
+
+def view(revision: int, node: str = "node-1", used: int = 0) -> NodeView:
+    return NodeView(node, revision, NodeSnapshot(node, [DeviceUsage(GPU, used, 0, 0)]))
+
+
+def usage(used: int, mem: int = 0, cores: int = 0) -> dict[str, UsageEntry]:
+    return {"GPU-a": UsageEntry(used=used, usedmem=mem, usedcores=cores)}
+
+
+def update(
+    revision: int,
+    devices: dict[str, UsageEntry] | None = None,
+    *,
+    node: str = "node-1",
+    epoch: str = "e1",
+    deleted: bool = False,
+) -> UsageUpdate:
+    table = usage(1) if devices is None else devices
+    return UsageUpdate(epoch=epoch, node=node, revision=revision, devices=table, deleted=deleted)
+
+
+def fresh_at(revision: int = 3) -> Freshness:
+    state = Freshness()
+    state.apply_snapshot("e1", [view(revision)], full=True)
+    assert state.is_fresh("node-1") and not state.needs_full
+    return state
+
+
+def test_before_the_first_snapshot_everything_is_fetched_and_updates_ignored() -> None:
+    state = Freshness()
+    assert state.needs_full and state.epoch is None
+    state.apply_update(update(1))
+    assert state.view("node-1") is None
+    assert len(state) == 0
+
+
+def test_in_order_update_applies_without_a_fetch() -> None:
+    state = fresh_at(3)
+    before = state.view("node-1")
+    state.apply_update(update(4, usage(1, 20000, 30)))
+    after = state.view("node-1")
+    assert after is not None and after.revision == 4 and after.snapshot is not None
+    assert after.snapshot.usage_table() == {"GPU-a": {"used": 1, "usedmem": 20000, "usedcores": 30}}
+    assert state.is_fresh("node-1") and not state.needs_fetch("node-1")
+    # Views are immutable: a decision holding the old one keeps its (snapshot, revision).
+    assert before is not None and before.revision == 3 and before.snapshot is not None
+    assert before.snapshot.usage_table()["GPU-a"]["used"] == 0
+
+
+def test_old_update_is_ignored() -> None:
+    state = fresh_at(3)
+    state.apply_update(update(3, usage(5)))
+    state.apply_update(update(2, usage(5)))
+    current = state.view("node-1")
+    assert current is not None and current.revision == 3
+    assert state.is_fresh("node-1")
+
+
+def test_gap_marks_the_node_stale() -> None:
+    state = fresh_at(3)
+    state.apply_update(update(5))
+    assert not state.is_fresh("node-1") and state.needs_fetch("node-1")
+    assert state.to_fetch(["node-1", "node-1", "made-up"]) == ["node-1"]
+
+
+def test_unchanged_usage_marks_the_node_stale() -> None:
+    # A cordon or register change bumps the revision without touching usage.
+    state = fresh_at(3)
+    state.apply_update(update(4, usage(0)))
+    assert not state.is_fresh("node-1")
+
+
+def test_other_device_set_marks_the_node_stale() -> None:
+    for table in ({"GPU-b": UsageEntry(used=1, usedmem=0, usedcores=0)}, {}):
+        state = fresh_at(3)
+        state.apply_update(update(4, table))
+        assert not state.is_fresh("node-1"), table
+
+
+def test_an_update_for_a_node_without_inventory_marks_it_stale() -> None:
+    state = Freshness()
+    state.apply_snapshot("e1", [NodeView("node-1", 3, None)], full=True)
+    state.apply_update(update(4))
+    assert state.needs_fetch("node-1")
+
+
+def test_unknown_node_and_new_epoch() -> None:
+    state = fresh_at(3)
+    state.apply_update(update(1, node="node-9"))
+    assert not state.is_fresh("node-9") and state.needs_fetch("node-9")
+    state.apply_update(update(1, epoch="e2"))
+    assert state.needs_full
+
+
+def test_expected_revision_after_a_commit() -> None:
+    state = fresh_at(3)
+    state.expect("node-1", 5)
+    state.expect("node-1", 4)  # never lowered
+    assert not state.is_fresh("node-1")
+    state.apply_update(update(4, usage(1)))
+    assert not state.is_fresh("node-1")
+    state.apply_update(update(5, usage(2)))
+    assert state.is_fresh("node-1")
+
+
+def test_a_snapshot_never_rolls_back_a_newer_update() -> None:
+    state = fresh_at(3)
+    state.apply_update(update(4, usage(1)))
+    state.apply_snapshot("e1", [view(3)], full=False, asked="node-1")
+    current = state.view("node-1")
+    assert current is not None and current.revision == 4
+    state.apply_snapshot("e1", [view(3)], full=True)
+    current = state.view("node-1")
+    assert current is not None and current.revision == 4
+
+
+def test_a_snapshot_clears_stale_and_a_full_one_forgets_the_rest() -> None:
+    state = fresh_at(3)
+    state.apply_snapshot("e1", [view(1, "node-2")], full=False)
+    state.invalidate("node-1")
+    state.invalidate("node-2")
+    state.apply_snapshot("e1", [view(4)], full=False, asked="node-1")
+    assert state.is_fresh("node-1") and state.needs_fetch("node-2")
+    state.apply_snapshot("e1", [view(4)], full=True)
+    assert state.view("node-2") is None and not state.needs_fetch("node-2")
+
+
+def test_a_node_snapshot_of_a_new_epoch_asks_for_everything() -> None:
+    state = fresh_at(3)
+    state.expect("node-1", 9)
+    state.apply_snapshot("e2", [view(1)], full=False, asked="node-1")
+    # Revisions of the previous run mean nothing: the lower revision is taken, not refused.
+    current = state.view("node-1")
+    assert current is not None and current.revision == 1
+    assert state.is_fresh("node-1") and state.needs_full and state.epoch == "e2"
+    state.apply_snapshot("e2", [view(1)], full=True)
+    assert not state.needs_full
+
+
+def test_a_node_accounting_does_not_know_is_absent_not_stale() -> None:
+    state = fresh_at(3)
+    state.apply_update(update(1, node="node-2"))
+    assert state.needs_fetch("node-2")
+    state.apply_snapshot("e1", [], full=False, asked="node-2")
+    assert not state.needs_fetch("node-2") and state.view("node-2") is None
+
+
+def test_a_deleted_node_is_dropped() -> None:
+    state = fresh_at(3)
+    state.expect("node-1", 4)
+    state.apply_update(update(4, {}, deleted=True))
+    assert state.view("node-1") is None and len(state) == 0
+    assert not state.needs_fetch("node-1")  # gone, not stale: no fetch is asked for it
+
+
+def test_names_nobody_announced_are_absent_not_stale() -> None:
+    state = fresh_at(3)
+    # A filter naming made-up nodes asks accounting nothing about them...
+    assert not state.needs_fetch("made-up-1")
+    # ...until accounting announces the node (a Node created after the last snapshot).
+    state.apply_update(update(1, usage(0), node="node-2"))
+    assert state.needs_fetch("node-2")
+    # An update naming something that is no node name is ignored.
+    state.apply_update(update(1, usage(0), node="x" * 300))
+    assert not state.needs_fetch("x" * 300)
+
+
+def test_invalidate_all_asks_for_a_full_fetch() -> None:
+    state = fresh_at(3)
+    state.invalidate_all()
+    assert state.needs_full
+    assert state.is_fresh("node-1")  # the views stay usable until it lands
+
+
+def test_quota_without_limits_is_trusted_for_a_while_limited_never() -> None:
+    state = Freshness()
+    free = QuotaLedger({"ml": QuotaLimit()}, {})
+    state.remember_quota("ml", free, now=100.0)
+    assert state.cached_quota("ml", now=100.0 + QUOTA_TTL) is free
+    assert state.cached_quota("ml", now=100.1 + QUOTA_TTL) is None
+    state.forget_quota("ml")
+    assert state.cached_quota("ml", now=100.0) is None
+    limited = QuotaLedger({"ml": QuotaLimit(mem=1000)}, {})
+    state.remember_quota("ml", limited, now=100.0)
+    assert state.cached_quota("ml", now=100.0) is None
+    assert state.cached_quota("other", now=100.0) is None

@@ -353,7 +353,7 @@ class TrackedPodWire(Shape, frozen=True, kw_only=True):
 
 
 class NodeStateLike(Protocol):
-    """What `NodeStateWire.from_state` reads (`NodeState` below, or ledger_wire's)."""
+    """What `NodeStateWire.from_state` reads (`NodeState` below, or accounting's ledger)."""
 
     @property
     def name(self) -> str: ...

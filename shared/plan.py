@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from shared import messages
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.config import CoreConfig, parse_config
@@ -21,11 +24,19 @@ from shared.core.model import NodeSnapshot
 from shared.core.nodes import without_pod
 from shared.core.pods import pod_from_object
 from shared.core.quota import QuotaLedger, limits_from_quotas
-from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit, parse_refit_request
+from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit
 
 
 class CaseError(ValueError):
     """The case itself is malformed (exit status 2)."""
+
+
+def refit_request(body: Any) -> RefitRequest:
+    """The case's `request`, decoded exactly as svc_refit decodes one from NATS."""
+    try:
+        return msgspec.convert(body, messages.RefitRequest).to_core()
+    except (msgspec.ValidationError, messages.MessageError) as exc:
+        raise CaseError(f"refit request: {exc}") from exc
 
 
 _CASE_KEYS = {"node", "pods", "resourceQuotas", "config", "request"}
@@ -106,7 +117,7 @@ def load_case(obj: Any) -> Case:
         for entry in tracked.values():
             ledger.add(entry.pod.namespace, entry.usage)
 
-        request = parse_refit_request(obj["request"])
+        request = refit_request(obj["request"])
     except CaseError:
         raise
     except CoreError as exc:
@@ -125,7 +136,7 @@ class PlanResult:
     node_after: NodeSnapshot | None
 
     def to_json(self) -> dict[str, Any]:
-        body = self.decision.reply()
+        body: dict[str, Any] = msgspec.to_builtins(messages.RefitReply.from_decision(self.decision))
         if self.decision.annotations is not None:
             body["annotations"] = dict(self.decision.annotations)
         body["nodeUsage"] = self.node_after.usage_table() if self.node_after else {}

@@ -8,7 +8,6 @@ nats-server, then shortened by hand.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import msgspec
@@ -641,15 +640,6 @@ def test_refit_request_to_and_from_the_core() -> None:
     assert body["timeoutMs"] == 2000
 
 
-def test_refit_request_encodes_like_todays_encoder() -> None:
-    to_json = getattr(core_refit.RefitRequest, "to_json", None)
-    if to_json is None:
-        pytest.skip("the core no longer has its own encoder")
-    for name in ("main", ""):
-        core = core_refit.RefitRequest(UID, "ml", "train", "node-1", 1, name, "NVIDIA", ("GPU-b",))
-        assert encode(RefitRequest.from_core(core)) == orjson.dumps(core.to_json())
-
-
 def test_refit_reply_from_a_decision() -> None:
     moved = core_refit.RefitDecision(
         True,
@@ -678,10 +668,6 @@ def test_refit_reply_from_a_decision() -> None:
         "code": "api_error",
         "failureReason": "",
     }
-    reply = getattr(core_refit.RefitDecision, "reply", None)
-    if reply is not None:  # today's encoder, while the core has it
-        for decision in (moved, refused, blank):
-            assert orjson.loads(encode(RefitReply.from_decision(decision))) == decision.reply()
 
 
 def _tracked_train() -> Any:
@@ -878,36 +864,6 @@ def test_pending_pod_from_a_tracked_pod() -> None:
     }
     refused = PendingReply(ok=False, code="unauthorized", error="no", epoch=EPOCH)
     assert "pod" not in orjson.loads(encode(refused))
-
-
-def test_pending_pod_matches_accountings_entries() -> None:
-    ledger = importlib.import_module("svc_accounting.ledger")
-    pending_entries = getattr(ledger, "pending_entries", None)
-    if pending_entries is None:
-        pytest.skip("accounting no longer builds its own entries")
-    tracked = _tracked_train()
-    assert as_json(PendingPod.from_tracked(tracked))["entries"] == pending_entries(tracked)
-
-
-def test_converters_match_todays_ledger_wire() -> None:
-    ledger_wire = pytest.importorskip("shared.ledger_wire")
-    tracked = _tracked_train()
-    assert as_json(TrackedPodWire.from_core(tracked)) == ledger_wire.tracked_to_wire(tracked)
-    wire = decode(
-        orjson.dumps(
-            {"ok": True, "code": "ok", "epoch": EPOCH, "nodes": [NODE_1], "quota": QUOTA_ML}
-        ),
-        SnapshotReply,
-    )
-    assert wire.nodes is not None
-    assert wire.quota is not None
-    state = wire.nodes[0].to_state()
-    legacy = ledger_wire.node_state_from_wire(NODE_1)
-    fields = ("name", "revision", "devices", "cordoned", "pods")
-    assert [getattr(state, f) for f in fields] == [getattr(legacy, f) for f in fields]
-    assert as_json(NodeStateWire.from_state(state)) == ledger_wire.node_state_to_wire(state)
-    assert as_json(NodeStateWire.from_state(legacy)) == NODE_1
-    assert wire.quota.to_core() == ledger_wire.quota_from_wire(QUOTA_ML)
 
 
 def test_usage_tables() -> None:

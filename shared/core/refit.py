@@ -18,7 +18,7 @@ from shared.codes import Code as Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, effective, total
 from shared.core.config import CoreConfig
-from shared.core.errors import AnnotationError, CoreError
+from shared.core.errors import AnnotationError
 from shared.core.fit import (
     ALLOWED_SET_UNMATCHED,
     RESOURCE_QUOTA_NOT_FIT,
@@ -29,13 +29,9 @@ from shared.core.fit import (
 )
 from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
 from shared.core.nodes import without_pod
-from shared.core.pods import Alignment, PodInfo, parse_alignment
+from shared.core.pods import Alignment, PodInfo
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest
-
-
-class RequestShapeError(CoreError):
-    """A refit request is not an object or has a field of the wrong type."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,70 +49,8 @@ class RefitRequest:
     mode: Alignment = Alignment.BEST_EFFORT
     timeout_ms: int = keys.DEFAULT_REFIT_TIMEOUT_MS
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "podUID": self.pod_uid,
-            "podNamespace": self.pod_namespace,
-            "podName": self.pod_name,
-            "nodeName": self.node_name,
-            "containerIndex": self.container_index,
-            "deviceType": self.device_type,
-            "allowedDeviceUUIDs": list(self.allowed_device_uuids),
-            "mode": self.mode.value,
-            "timeoutMs": self.timeout_ms,
-        }
-        if self.container_name:
-            body["containerName"] = self.container_name
-        return body
-
 
 MAX_TIMEOUT_MS = 60_000
-
-
-def parse_refit_request(body: Any) -> RefitRequest:
-    """Check types strictly; missing strings are empty (refused later as "incomplete"), as a Go
-    decoder would leave them; unknown fields are ignored for forward compatibility."""
-    if not isinstance(body, Mapping):
-        raise RequestShapeError("refit request must be a JSON object")
-
-    def string(key: str) -> str:
-        value = body.get(key, "")
-        if not isinstance(value, str):
-            raise RequestShapeError(f"{key} must be a string")
-        return value
-
-    index = body.get("containerIndex", 0)
-    if isinstance(index, bool) or not isinstance(index, int):
-        raise RequestShapeError("containerIndex must be an integer")
-    allowed = body.get("allowedDeviceUUIDs", [])
-    if not isinstance(allowed, list) or not all(isinstance(u, str) for u in allowed):
-        raise RequestShapeError("allowedDeviceUUIDs must be a list of strings")
-    mode_value = body.get("mode", Alignment.BEST_EFFORT.value)
-    if not isinstance(mode_value, str):
-        raise RequestShapeError("mode must be 'best-effort' or 'strict'")
-    try:
-        mode = parse_alignment(mode_value)
-    except AnnotationError as exc:
-        raise RequestShapeError("mode must be 'best-effort' or 'strict'") from exc
-    timeout = body.get("timeoutMs", keys.DEFAULT_REFIT_TIMEOUT_MS)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int)
-        or not 0 < timeout <= MAX_TIMEOUT_MS
-    ):
-        raise RequestShapeError(f"timeoutMs must be an integer in 1..{MAX_TIMEOUT_MS}")
-    return RefitRequest(
-        pod_uid=string("podUID"),
-        pod_namespace=string("podNamespace"),
-        pod_name=string("podName"),
-        node_name=string("nodeName"),
-        container_index=index,
-        container_name=string("containerName"),
-        device_type=string("deviceType"),
-        allowed_device_uuids=tuple(allowed),
-        mode=mode or Alignment.BEST_EFFORT,
-        timeout_ms=timeout,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,17 +79,6 @@ class RefitDecision:
     fit: ContainerFit | None = None
     preloaded: NodeSnapshot | None = None
     """The restricted, preloaded snapshot the fit ran on (for `--explain`)."""
-
-    def reply(self) -> dict[str, Any]:
-        """The wire reply of DESIGN.md's refit contract."""
-        body: dict[str, Any] = {"succeeded": self.succeeded, "code": self.code.value}
-        if self.succeeded:
-            body["containerDevices"] = codec.encode_container(self.container_devices)
-        else:
-            body["failureReason"] = self.failure_reason
-        if self.fit_reasons:
-            body["fitReasons"] = dict(sorted(self.fit_reasons.items()))
-        return body
 
 
 def refused(code: Code, reason: str, *, event: bool = True, **extra: Any) -> RefitDecision:

@@ -24,7 +24,7 @@ import orjson
 from nats.aio.client import Client
 
 from shared import subjects
-from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.accounting_client import AccountingUnavailable
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn
@@ -48,6 +48,7 @@ from tests.chaos.support import (
     service,
     stop_all,
 )
+from tests.raw_accounting import RawAccounting
 
 T = TypeVar("T")
 
@@ -112,7 +113,7 @@ class Hostile:
         pods, _ = self.emulator.store.list("pods")
         nodes, _ = self.emulator.store.list("nodes")
         try:
-            ledger = await AccountingClient(self.nc).snapshot_all(budget=3.0)
+            ledger = await RawAccounting(self.nc).snapshot_all(budget=3.0)
         except AccountingUnavailable as exc:
             raise Silent(f"accounting {SILENT} a cluster snapshot: {exc}") from exc
         return pods, nodes, ledger

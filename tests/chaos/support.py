@@ -26,13 +26,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.accounting_client import AccountingClient
 from shared.core import keys
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
 from tests.builders import container, pod
 from tests.integration.harness import wait_for
 from tests.integration.processes import NUMAFIT, free_port, get, ready
+from tests.raw_accounting import RawAccounting
 
 # --- service processes -------------------------------------------------------------------------
 
@@ -313,7 +313,7 @@ def nonzero(usage: Mapping[str, DeviceUse]) -> dict[str, DeviceUse]:
     return {uuid: use for uuid, use in usage.items() if use != DeviceUse()}
 
 
-async def ledger_allocated(client: AccountingClient, node: str) -> dict[str, str]:
+async def ledger_allocated(client: RawAccounting, node: str) -> dict[str, str]:
     """uid -> allocated annotation of every pod accounting tracks on `node` (its snapshot)."""
     reply = await client.snapshot(node)
     found = {}
@@ -323,7 +323,7 @@ async def ledger_allocated(client: AccountingClient, node: str) -> dict[str, str
     return found
 
 
-async def ledger_node_names(client: AccountingClient) -> list[str]:
+async def ledger_node_names(client: RawAccounting) -> list[str]:
     """Every node of accounting's cluster snapshot (`snapshot._all`, page by page)."""
     reply = await client.snapshot_all()
     return [n["node"] for n in reply["nodes"]]

@@ -22,7 +22,6 @@ import nats.errors
 import orjson
 
 from shared import subjects
-from shared.accounting_client import AccountingClient
 from shared.core import keys
 from shared.kube_emulator import FaultRule, KubeEmulator
 from shared.service import natsconn
@@ -43,6 +42,7 @@ from tests.chaos.support import (
     usage_from_metrics,
 )
 from tests.integration.harness import wait_for
+from tests.raw_accounting import RawAccounting
 
 SEED = 20261201
 KILLS = 5
@@ -95,7 +95,7 @@ async def test_ledger_equals_the_annotations_after_accounting_is_killed_during_m
 
             # Every held PATCH has been committed (or was refused) by now.
             await wait_for(lambda: emulator.faults.in_flight == 0, within=10)
-            client = AccountingClient(nc)
+            client = RawAccounting(nc)
 
             async def view() -> tuple[Any, ...]:
                 current = await list_pods(kube)

@@ -15,7 +15,6 @@ import orjson
 from nats.aio.client import Client
 
 from shared import subjects
-from shared.accounting_client import AccountingClient
 from shared.kube_emulator import KubeEmulator
 from shared.service import natsconn
 from shared.service.kube_io import Kube
@@ -24,6 +23,7 @@ from svc_accounting import service as accounting_service
 from svc_accounting.service import AccountingService
 from svc_refit import service as refit_service
 from svc_refit.service import RefitService
+from tests.raw_accounting import RawAccounting
 
 
 class Harness:
@@ -68,9 +68,9 @@ class Harness:
         await self.wiring.close(1.0)
 
     @property
-    def client(self) -> AccountingClient:
+    def client(self) -> RawAccounting:
         assert self.client_nc is not None
-        return AccountingClient(self.client_nc)
+        return RawAccounting(self.client_nc)
 
     async def refit_request(
         self, body: Any, node: str = "node-1", raw: bytes | None = None

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
-from shared.ledger_wire import tracked_from_wire
+from shared.messages import TrackedPodWire
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
@@ -34,7 +35,7 @@ async def usedmem(h: Harness, uuid: str = "GPU-a") -> int:
     total = 0
     for tracked in pods:
         # Accounting's own view, through the wire form every reader uses.
-        entry = tracked_from_wire(tracked)
+        entry = msgspec.convert(tracked, TrackedPodWire).to_core()
         if uuid in entry.usage:
             total += entry.usage[uuid].mem
     return total

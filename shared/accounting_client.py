@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import nats.errors
-from nats.aio.client import Client
 
 from shared import messages, subjects
 from shared.messages import AccountingReply, AccountingRequest, NodeStateWire, SnapshotReply
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
 
 R = TypeVar("R", bound=AccountingReply)
 

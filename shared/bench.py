@@ -18,11 +18,10 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
-from nats.aio.client import Client
 
 from shared import subjects
 from shared.core import codec, keys
@@ -31,7 +30,6 @@ from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn
-from shared.service.kube_io import Kube
 from shared.service.runner import settle_heap
 from shared.service.wiring import InProcess
 from svc_accounting import service as accounting_service
@@ -39,6 +37,11 @@ from svc_accounting.ledger import Ledger
 from svc_refit import service as refit_service
 from svc_scheduler import service as scheduler_service
 from svc_scheduler.service import SchedulerOptions, SchedulerService
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from shared.service.kube_io import Kube
 
 Progress = Callable[[str], None]
 

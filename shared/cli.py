@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
 from shared.plan import CaseError, explain, load_case, run_plan
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -45,9 +45,8 @@ refit's refusal order (empty fields, device types, the allowed-set limit) by the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
@@ -59,6 +58,9 @@ from shared.core.errors import CoreError
 from shared.core.model import ContainerKind, DeviceInfo, DeviceUsage, NodeSnapshot, Usage
 from shared.core.pods import Alignment, parse_alignment, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaLimit
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 MAX_ERROR_LENGTH: Final = 300
 """A `MessageError`'s text is cut to this many characters (input is never echoed whole)."""

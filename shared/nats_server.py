@@ -14,7 +14,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 
 class NatsServerError(RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -20,11 +20,13 @@ from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.config import CoreConfig, parse_config
 from shared.core.errors import CoreError
 from shared.core.fit import PICKED
-from shared.core.model import NodeSnapshot
 from shared.core.nodes import without_pod
 from shared.core.pods import pod_from_object
 from shared.core.quota import QuotaLedger, limits_from_quotas
 from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit
+
+if TYPE_CHECKING:
+    from shared.core.model import NodeSnapshot
 
 
 class CaseError(ValueError):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
 from svc_accounting.service import AccountingOptions, spec
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def build_parser(prog: str = "numafit run accounting") -> argparse.ArgumentParser:

@@ -8,16 +8,20 @@ callers (scheduler, refit) can tell whether their decision is still current.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared import subjects
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
-from shared.core.model import DeviceInfo, NodeSnapshot
-from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import NodeState
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from shared.core.model import DeviceInfo, NodeSnapshot
+    from shared.core.pods import PodInfo
 
 
 def newer(candidate: str, known: str) -> bool:

@@ -8,12 +8,15 @@ node (or one of its GPUs) goes, so a cluster's churn does not leave stale series
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared import codes, subjects
 from shared.codes import Code
-from svc_accounting.ledger import NodeLedger
+
+if TYPE_CHECKING:
+    from svc_accounting.ledger import NodeLedger
 
 INTERNAL_ERROR = "internal_error"
 """The `result` of an operation that failed inside accounting (answered `api_error`)."""

@@ -24,21 +24,18 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Final, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Final, TypedDict, TypeVar
 
 import msgspec
 
 from shared import messages, subjects
 from shared.codes import Code
 from shared.core import codec, keys
-from shared.core.accounting import Rows, TrackedPod
 from shared.core.commit_check import check_commit
 from shared.core.consume import ConsumeError, ConsumePlan, plan_consume
 from shared.core.errors import CoreError
-from shared.core.model import ContainerEntry, ContainerKind
 from shared.core.pods import PodInfo, pod_from_object
 from shared.messages import (
     AccountingReply,
@@ -64,10 +61,16 @@ from shared.messages import (
     TrackedPodWire,
 )
 from shared.service import kube_io
-from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.subjects import InvalidName, shown
 from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from shared.core.accounting import Rows, TrackedPod
+    from shared.core.model import ContainerEntry, ContainerKind
+    from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.accounting")
 

@@ -18,15 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.micro
-from nats.aio.client import Client
-from nats.micro.request import Request
-from nats.micro.service import Service
-from prometheus_client import CollectorRegistry
 
 from shared import messages, subjects
 from shared.codes import Code
@@ -38,13 +33,22 @@ from shared.service import kube_io, natsconn
 from shared.service.backoff import Backoff
 from shared.service.events import EventRecorder
 from shared.service.health import Readiness
-from shared.service.kube_io import Kube
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from svc_accounting.ledger import Ledger, NodeLedger
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import Operations, bounded
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from nats.aio.client import Client
+    from nats.micro.request import Request
+    from nats.micro.service import Service
+    from prometheus_client import CollectorRegistry
+
+    from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.accounting")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared import subjects
 from shared.service.runner import run, serve_spec
@@ -20,6 +20,9 @@ from svc_deviceplugin.discovery import (
     inventory_lines,
 )
 from svc_deviceplugin.service import PluginOptions, spec
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentParser:

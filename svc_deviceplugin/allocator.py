@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats.errors
-from nats.aio.client import Client
 
 from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
@@ -38,12 +37,18 @@ from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, 
 from shared.messages import PendingEntry, PendingPod, RefitReply
 from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
-from shared.service.supervisor import Supervisor
 from shared.subjects import shown
-from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
 from svc_deviceplugin.metrics import PluginMetrics, allocation_result
 from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from nats.aio.client import Client
+
+    from shared.service.supervisor import Supervisor
+    from svc_deviceplugin.config import PluginConfig
 
 log = logging.getLogger("numafit.deviceplugin")
 

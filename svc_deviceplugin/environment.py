@@ -10,9 +10,11 @@ plus HAMi-core's library, its ld.so.preload and a per-container cache directory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from shared.core.model import ContainerEntry
-from svc_deviceplugin.config import HamiCorePaths
+if TYPE_CHECKING:
+    from shared.core.model import ContainerEntry
+    from svc_deviceplugin.config import HamiCorePaths
 
 
 @dataclass(frozen=True, slots=True)

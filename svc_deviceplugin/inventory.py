@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core.keys import NVIDIA
 from shared.core.model import DeviceInfo
 from shared.core.replicas import replica_ids
-from svc_deviceplugin.discovery import GpuInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from svc_deviceplugin.discovery import GpuInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,14 @@ values never come from outside input: anything not listed here is counted as `ot
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.codes import Code
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
+
+if TYPE_CHECKING:
+    from shared.codes import Code
 
 REFIT_RESULTS: dict[str, tuple[str, ...]] = {
     "none": ("no_mismatch", "not_opted_in"),

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from shared.codes import Code
 from shared.core.pods import Alignment
-from shared.messages import RefitReply
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from shared.messages import RefitReply
 
 
 class Outcome(enum.Enum):

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -24,12 +23,8 @@ from grpc import aio
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared.service.backoff import Backoff
-from shared.service.lifecycle import Deadline
 from shared.subjects import shown
 from svc_deviceplugin.allocator import AdmissionRefused, Allocator, ContainerPreference
-from svc_deviceplugin.config import PluginConfig
-from svc_deviceplugin.inventory import Replica
-from svc_deviceplugin.metrics import PluginMetrics
 
 log = logging.getLogger("numafit.deviceplugin")
 
@@ -40,6 +35,13 @@ BACKSTOP_S = 0.1
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from shared.service.lifecycle import Deadline
+    from svc_deviceplugin.config import PluginConfig
+    from svc_deviceplugin.inventory import Replica
+    from svc_deviceplugin.metrics import PluginMetrics
+
     Context = aio.ServicerContext[Any, Any]
 
 

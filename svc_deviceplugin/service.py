@@ -21,23 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
-
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, TypeVar
 
 from shared import messages
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.service.backoff import Backoff
 from shared.service.health import Readiness
-from shared.service.kube_io import Kube
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from svc_deviceplugin.allocator import Allocator
-from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import (
     DiscoveryError,
     GpuBackend,
@@ -48,6 +42,15 @@ from svc_deviceplugin.discovery import (
 from svc_deviceplugin.inventory import Replica, register_devices, replicas
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.server import DevicePluginServicer, PluginServer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nats.aio.client import Client
+    from prometheus_client import CollectorRegistry
+
+    from shared.service.kube_io import Kube
+    from svc_deviceplugin.config import PluginConfig
 
 log = logging.getLogger("numafit.deviceplugin")
 

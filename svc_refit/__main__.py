@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
 from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
 from svc_refit.service import RefitOptions, spec
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def build_parser(prog: str = "numafit run refit") -> argparse.ArgumentParser:

@@ -33,12 +33,8 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
+from typing import TYPE_CHECKING
 
 from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
@@ -56,8 +52,16 @@ from shared.messages import (
     UsageEntry,
     UsageUpdate,
 )
-from shared.service.lifecycle import Deadline
-from shared.service.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+    from shared.service.lifecycle import Deadline
+    from shared.service.supervisor import Supervisor
 
 log = logging.getLogger("numafit.refit")
 

@@ -20,23 +20,17 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats.micro
-from nats.aio.client import Client
-from nats.micro.request import Request
-from nats.micro.service import Service
-from prometheus_client import CollectorRegistry
 
 from shared import codes, messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import codec, keys
-from shared.core.accounting import TrackedPod
 from shared.core.config import CoreConfig
-from shared.core.model import ContainerEntry
 from shared.core.refit import (
     Event,
     RefitDecision,
@@ -49,7 +43,6 @@ from shared.messages import MessageError, MoveReply, MoveRequest, RefitReply
 from shared.service import natsconn
 from shared.service.events import EventRecorder
 from shared.service.health import Readiness
-from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
@@ -62,6 +55,18 @@ from svc_refit.read_model import (
     committed,
     with_claims,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from nats.aio.client import Client
+    from nats.micro.request import Request
+    from nats.micro.service import Service
+    from prometheus_client import CollectorRegistry
+
+    from shared.core.accounting import TrackedPod
+    from shared.core.model import ContainerEntry
+    from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.refit")
 

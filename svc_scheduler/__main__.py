@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
 from shared.service.runner import run, serve_spec
@@ -14,6 +14,9 @@ from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT
 from svc_scheduler.server import tls_context
 from svc_scheduler.service import SchedulerOptions, spec
 from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 DESCRIPTION = """\
 The numafit scheduler: a kube-scheduler extender and the pods' admission webhook.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from shared import subjects
 from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
@@ -52,7 +52,6 @@ from shared.messages import (
 )
 from shared.service import kube_io
 from shared.service.events import EventRecorder
-from shared.service.kube_io import Kube
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
 from svc_scheduler.extender_wire import (
@@ -67,7 +66,10 @@ from svc_scheduler.extender_wire import (
     host_priority_list,
 )
 from svc_scheduler.metrics import SchedulerMetrics
-from svc_scheduler.read_model import NodeView, ReadModel
+
+if TYPE_CHECKING:
+    from shared.service.kube_io import Kube
+    from svc_scheduler.read_model import NodeView, ReadModel
 
 log = logging.getLogger("numafit.scheduler")
 

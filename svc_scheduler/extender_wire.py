@@ -15,11 +15,13 @@ the ones sent, or kube-scheduler refuses the answer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, TypeVar
 
 import msgspec
 from msgspec import Meta, Raw, field
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 NonEmpty = Annotated[str, Meta(min_length=1)]
 

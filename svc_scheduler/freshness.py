@@ -29,14 +29,17 @@ the namespace). Times are given by the caller (`time.monotonic()`), so this stay
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from shared import subjects
-from shared.core.model import NodeSnapshot
-from shared.core.quota import QuotaLedger
 from shared.messages import UsageUpdate, apply_usage
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from shared.core.model import NodeSnapshot
+    from shared.core.quota import QuotaLedger
 
 QUOTA_TTL: Final = 5.0
 """Seconds a namespace seen without GPU quota limits is trusted to still have none."""

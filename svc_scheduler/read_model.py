@@ -21,23 +21,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
+from typing import TYPE_CHECKING
 
 from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
-from shared.core.accounting import TrackedPod
-from shared.core.quota import QuotaLedger
 from shared.messages import NodeStateWire, SnapshotReply, SnapshotRequest, UsageUpdate
 from shared.service.backoff import Backoff
 from shared.service.supervisor import Supervisor
 from svc_scheduler.freshness import QUOTA_TTL, Freshness, NodeView
 from svc_scheduler.metrics import SchedulerMetrics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+
+    from shared.core.accounting import TrackedPod
+    from shared.core.quota import QuotaLedger
 
 __all__ = ["QUOTA_TTL", "NodeView", "PodContext", "ReadModel"]
 

@@ -20,11 +20,10 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from svc_scheduler.extender import ERROR, Extender
 from svc_scheduler.extender_wire import (
@@ -35,8 +34,11 @@ from svc_scheduler.extender_wire import (
     parse_binding_args,
     parse_extender_args,
 )
-from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.webhook import PodAdmission, parse_review, review_response
+
+if TYPE_CHECKING:
+    from shared.service.health import Readiness
+    from svc_scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger("numafit.scheduler")
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from dataclasses import dataclass, field
-
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING
 
 from shared.accounting_client import AccountingClient
 from shared.core.config import CoreConfig
 from shared.service.health import Readiness
-from shared.service.kube_io import Kube
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT, Extender
@@ -28,6 +24,14 @@ from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.read_model import ReadModel
 from svc_scheduler.server import SchedulerHttp
 from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME, PodAdmission, kube_quota_source
+
+if TYPE_CHECKING:
+    import ssl
+
+    from nats.aio.client import Client
+    from prometheus_client import CollectorRegistry
+
+    from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.scheduler")
 

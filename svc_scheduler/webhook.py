@@ -20,7 +20,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import orjson
@@ -32,9 +32,11 @@ from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.quota import QuotaLimit, limits_from_quotas
 from shared.service import kube_io
-from shared.service.kube_io import Kube
 from svc_scheduler.extender_wire import NonEmpty, Wire, decode
 from svc_scheduler.metrics import SchedulerMetrics
+
+if TYPE_CHECKING:
+    from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.scheduler")
 

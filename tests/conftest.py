@@ -6,13 +6,16 @@ With a Docker engine, testcontainers' NATS image is used; without one (CI here),
 
 from __future__ import annotations
 
-import subprocess
 import warnings
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from shared.nats_server import NatsServer, environment_has_docker
+
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Iterator
 
 
 def _container_url() -> Iterator[str] | None:

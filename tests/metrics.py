@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-from svc_accounting.service import AccountingService
-from svc_refit.service import RefitService
+    from prometheus_client import CollectorRegistry
+
+    from svc_accounting.service import AccountingService
+    from svc_refit.service import RefitService
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:

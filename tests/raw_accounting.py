@@ -8,13 +8,15 @@ they use this subclass, which shares the client's subject, deadline and error ha
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from shared import subjects
 from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class RawAccounting(AccountingClient):

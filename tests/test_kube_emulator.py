@@ -12,10 +12,9 @@ import datetime as dt
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 import orjson
@@ -24,7 +23,6 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 
 from shared.kube_emulator import AdmissionDenied, AdmissionRequest, KubeEmulator, main
-from shared.kube_emulator.objects import JSONDict
 from shared.kube_emulator.patching import (
     PatchError,
     json_patch,
@@ -36,6 +34,11 @@ from shared.kube_emulator.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable
+
+    from shared.kube_emulator.objects import JSONDict
 
 T = TypeVar("T")
 
@@ -221,7 +224,7 @@ async def test_list_filters_by_field_selectors(core: CoreV1Api) -> None:
     bound = await core.create_namespaced_pod_binding(
         "b", "default", binding("b", "node-1"), _preload_content=False
     )
-    cast(aiohttp.ClientResponse, bound).release()
+    cast("aiohttp.ClientResponse", bound).release()
     await core.patch_namespaced_pod_status("c", "default", {"status": {"phase": "Running"}})
 
     async def listed(selector: str, namespace: str | None = "default") -> list[str]:
@@ -580,7 +583,7 @@ async def test_binding_sets_the_node_and_copies_annotations_and_labels(core: Cor
     raw = await core.create_namespaced_pod_binding(
         "p", "default", to_node_1, _preload_content=False
     )
-    response = cast(aiohttp.ClientResponse, raw)
+    response = cast("aiohttp.ClientResponse", raw)
     answer = await response.json()
     bound = await core.read_namespaced_pod("p", "default")
     with pytest.raises(ApiException) as rebind:

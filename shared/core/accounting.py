@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core import codec
 from shared.core.errors import AnnotationError
@@ -23,7 +24,9 @@ from shared.core.model import (
     Usage,
     snapshot_of,
 )
-from shared.core.pods import PodInfo
+
+if TYPE_CHECKING:
+    from shared.core.pods import PodInfo
 
 Rows = Sequence[ContainerEntry] | Mapping[int, ContainerEntry]
 """Container rows by position: a positional list, or a sparse mapping position -> entry."""

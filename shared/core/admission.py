@@ -21,17 +21,19 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
-from shared.core.config import CoreConfig
 from shared.core.errors import AnnotationError, CoreError, ObjectError, RequestError
 from shared.core.model import ContainerKind, Usage
 from shared.core.pods import parse_alignment, pod_from_object
 from shared.core.policy import parse_scoring_weights
 from shared.core.quantity import parse_quantity
-from shared.core.quota import QuotaLimit
 from shared.core.requests import ContainerRequest, asks_for_gpu, pod_requests
+
+if TYPE_CHECKING:
+    from shared.core.config import CoreConfig
+    from shared.core.quota import QuotaLimit
 
 DEFAULT_SCHEDULER = "default-scheduler"
 WHOLE_CARD_CORES = 100

@@ -11,14 +11,16 @@ Rewrites replace one container's piece in the raw string and keep every other by
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from shared.core.errors import AnnotationError
 from shared.core.keys import INT32_MAX
 from shared.core.model import ContainerDevice, ContainerEntry, DeviceInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 _GO_INT = re.compile(r"^[+-]?[0-9]+$")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core.accounting import Rows, TrackedPod, effective, kind_at, total
 from shared.core.fit import (
@@ -47,8 +48,10 @@ from shared.core.model import (
 )
 from shared.core.nodes import without_pod
 from shared.core.policy import parse_policy
-from shared.core.quota import QuotaLedger
 from shared.core.requests import ContainerRequest
+
+if TYPE_CHECKING:
+    from shared.core.quota import QuotaLedger
 
 NEUTRAL_OPTIONS = FitOptions(parse_policy("spread"))
 """No pod-level filters: the commit check judges capacity and device state, not preferences

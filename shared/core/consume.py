@@ -9,13 +9,17 @@ the bind phase becomes `success`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core import codec, keys
-from shared.core.accounting import TrackedPod
 from shared.core.errors import CoreError
 from shared.core.model import ContainerDevice, ContainerEntry
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from shared.core.accounting import TrackedPod
 
 
 class ConsumeError(CoreError):

@@ -7,12 +7,11 @@ which copy receives a container (d.6 fits regular init containers into throw-awa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core import keys
 from shared.core.codec import parse_go_bool, parse_uuid_list
-from shared.core.config import CoreConfig
 from shared.core.model import (
     ContainerDevice,
     ContainerEntry,
@@ -27,8 +26,13 @@ from shared.core.policy import (
     parse_policy,
     parse_scoring_weights,
 )
-from shared.core.quota import QuotaProbe
-from shared.core.requests import ContainerRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from shared.core.config import CoreConfig
+    from shared.core.quota import QuotaProbe
+    from shared.core.requests import ContainerRequest
 
 # HAMi's reason names (pkg/device/common).
 CARD_NOT_HEALTH = "CardNotHealth"

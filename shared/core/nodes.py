@@ -11,15 +11,19 @@ used/MiB) summed over the node's GPUs. Ties end on the node name so decisions ar
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from shared.core.config import CoreConfig
 from shared.core.fit import FitOptions, PodFit, fit_pod
 from shared.core.keys import NODE_POLICY, SCORE_WEIGHT_FACTOR
 from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
-from shared.core.quota import QuotaProbe
-from shared.core.requests import ContainerRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from shared.core.config import CoreConfig
+    from shared.core.quota import QuotaProbe
+    from shared.core.requests import ContainerRequest
 
 NODE_UNREGISTERED = "node unregistered"
 """HAMi's refusal text for a candidate node that carries no GPU inventory."""

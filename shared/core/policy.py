@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.core.errors import AnnotationError
 from shared.core.keys import SCORE_WEIGHT_FACTOR, SCORING_WEIGHTS
 from shared.core.model import DeviceUsage
-from shared.core.requests import ContainerRequest
+
+if TYPE_CHECKING:
+    from shared.core.requests import ContainerRequest
 
 
 @dataclass(frozen=True, slots=True)

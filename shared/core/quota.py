@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.core.accounting import Rows, effective, total
-from shared.core.config import CoreConfig
 from shared.core.errors import ObjectError, RequestError
 from shared.core.model import ContainerKind, Usage
 from shared.core.quantity import parse_integer_quantity
+
+if TYPE_CHECKING:
+    from shared.core.config import CoreConfig
 
 
 @dataclass(frozen=True, slots=True)

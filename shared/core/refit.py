@@ -10,9 +10,8 @@ Reply codes are `shared.codes.Code` (re-exported here as `Code`): one enum for e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.codes import Code as Code
 from shared.core import codec, keys
@@ -32,6 +31,9 @@ from shared.core.nodes import without_pod
 from shared.core.pods import Alignment, PodInfo
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,13 @@ available replica is the *mismatch* that may trigger a refit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from shared.core.codec import physical_id
 from shared.core.errors import CoreError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 
 class SelectionError(CoreError):

@@ -6,15 +6,18 @@ the container's request invalid (RequestError) instead of under-allocating it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shared.core.config import CoreConfig
 from shared.core.errors import RequestError
 from shared.core.keys import INT32_MAX, NVIDIA, PERCENT_UNSET
-from shared.core.pods import ContainerSpec, PodInfo
 from shared.core.quantity import parse_integer_quantity
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from shared.core.config import CoreConfig
+    from shared.core.pods import ContainerSpec, PodInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,12 @@ the emulator serves, derived from resources.ALL, so discovery never promises mor
 from __future__ import annotations
 
 import platform
+from typing import TYPE_CHECKING
 
-from .objects import JSONDict
 from .resources import ALL, ResourceKind
+
+if TYPE_CHECKING:
+    from .objects import JSONDict
 
 KUBERNETES_VERSION = ("1", "33")
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]

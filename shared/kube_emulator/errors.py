@@ -12,9 +12,10 @@ Status it answers with; nothing else is turned into an HTTP error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from .objects import JSONDict
+if TYPE_CHECKING:
+    from .objects import JSONDict
 
 OBJECT_MODIFIED = (
     "the object has been modified; please apply your changes to the latest version and try again"

@@ -19,13 +19,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from . import errors, paths
-from .objects import JSONDict
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .objects import JSONDict
 
 ADMIN_PREFIX = "/_emulator/"
 """Requests under this prefix (the emulator's own controls) are never faulted."""

@@ -14,7 +14,7 @@ import random
 import re
 import uuid
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import errors
 from .admission import DEFAULT_WEBHOOK, AdmissionDenied, AdmissionHook, AdmissionRequest
@@ -22,8 +22,10 @@ from .errors import FieldError, KubeError
 from .objects import JSONDict, child, copy_json, metadata, now_rfc3339
 from .patching import PatchError, copy_value, json_patch, merge_patch, strategic_merge_patch
 from .resources import NAMESPACES, PODS, ResourceKind
-from .selectors import FieldSelector, LabelSelector
 from .store import KeyExists, KeyMissing, Store, VersionMismatch
+
+if TYPE_CHECKING:
+    from .selectors import FieldSelector, LabelSelector
 
 PatchType = Literal["json", "merge", "strategic"]
 

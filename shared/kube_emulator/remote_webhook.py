@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import base64
 import uuid
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
 
 from .admission import AdmissionDenied, AdmissionHook, AdmissionRequest
-from .objects import JSONDict
 from .patching import json_patch
+
+if TYPE_CHECKING:
+    from .objects import JSONDict
 
 
 def remote_webhook(

@@ -11,13 +11,15 @@ The decider is taken by its shape (AdmissionDecider) so that the emulator import
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from shared.core.admission import AdmissionDecision
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .admission import AdmissionDenied, AdmissionHook, AdmissionRequest
-from .objects import JSONDict
 from .patching import json_patch
+
+if TYPE_CHECKING:
+    from shared.core.admission import AdmissionDecision
+
+    from .objects import JSONDict
 
 WEBHOOK_NAME = "pods.numafit-scheduler.numafit.io"
 """The webhook name the API server would quote ("admission webhook ... denied the request")."""

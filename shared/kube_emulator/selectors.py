@@ -9,9 +9,11 @@ the easy-to-forget cases: `key!=v` and `notin` also match objects without the la
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class SelectorError(ValueError):

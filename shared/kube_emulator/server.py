@@ -24,22 +24,17 @@ Besides the API it serves /healthz, /readyz, /livez, and its own controls under 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
 from . import discovery, errors, kubeconfig, paths, watching
-from .admission import AdmissionHook
 from .errors import KubeError
 from .faults import ADMIN_PREFIX, Faults
-from .objects import JSONDict
 from .registry import PATCH_CONTENT_TYPES, Registry
 from .resources import BY_PATH, PODS, ResourceKind
 from .selectors import (
@@ -50,6 +45,14 @@ from .selectors import (
     parse_label_selector,
 )
 from .store import Store, TooNew, TooOld
+
+if TYPE_CHECKING:
+    import os
+    from pathlib import Path
+    from types import TracebackType
+
+    from .admission import AdmissionHook
+    from .objects import JSONDict
 
 log = logging.getLogger("numafit.kube_emulator")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -21,9 +22,11 @@ from aiohttp import web
 from . import errors
 from .objects import JSONDict, metadata
 from .registry import matches
-from .resources import ResourceKind
-from .selectors import FieldSelector, LabelSelector
 from .store import Change, Expiry, Store, Watcher
+
+if TYPE_CHECKING:
+    from .resources import ResourceKind
+    from .selectors import FieldSelector, LabelSelector
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.kubelet_emulator.config import (
     DEVICE_PLUGIN_DIR,
@@ -22,6 +22,9 @@ from shared.kubelet_emulator.config import (
 )
 from shared.kubelet_emulator.emulator import KubeletEmulator
 from shared.service.logs import configure_logging
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["build_parser", "main"]
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["DEVICE_PLUGIN_DIR", "KubeletConfig", "TopologyPolicy", "parse_cpus"]
 

@@ -17,21 +17,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from types import TracebackType
+from typing import TYPE_CHECKING
 
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
-from proto.v1beta1 import api_pb2
-from shared.kubelet_emulator.config import KubeletConfig
 from shared.kubelet_emulator.errors import RegistrationError, UnexpectedAdmissionError
 from shared.kubelet_emulator.ledger import ContainerKey, CpuLedger, DeviceLedger, PluginDevice
 from shared.kubelet_emulator.placement import choose_devices, place
 from shared.kubelet_emulator.plugin_connection import PluginConnection, describe_rpc_error
 from shared.kubelet_emulator.registration import RegistrationService
 from shared.kubelet_emulator.resource_names import is_extended_resource_name
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+    from types import TracebackType
+
+    from proto.v1beta1 import api_pb2
+    from shared.kubelet_emulator.config import KubeletConfig
 
 __all__ = ["SUPPORTED_VERSIONS", "Admission", "KubeletEmulator"]
 

@@ -9,12 +9,15 @@ serializes admissions).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from proto.v1beta1 import api_pb2
 from shared.kubelet_emulator.placement import FreeDevice
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from proto.v1beta1 import api_pb2
 
 __all__ = ["ContainerKey", "CpuLedger", "DeviceLedger", "PluginDevice"]
 

@@ -22,11 +22,14 @@ Simplifications against the real kubelet, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.kubelet_emulator.config import TopologyPolicy
 from shared.kubelet_emulator.errors import TopologyAffinityError, UnexpectedAdmissionError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 __all__ = ["FreeDevice", "Placement", "choose_devices", "place"]
 

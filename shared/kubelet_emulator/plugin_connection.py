@@ -13,12 +13,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared.kubelet_emulator.ledger import PluginDevice
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["DevicesCallback", "EndedCallback", "PluginConnection", "describe_rpc_error"]
 

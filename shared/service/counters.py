@@ -8,9 +8,12 @@ over. Every service creates the children of every label value it can produce whe
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from prometheus_client import Counter
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from prometheus_client import Counter
 
 
 def at_zero(counter: Counter, *values: Iterable[str]) -> None:

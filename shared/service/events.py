@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from shared.service import kube_io
-from shared.service.kube_io import Kube
-from shared.service.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from shared.service.kube_io import Kube
+    from shared.service.supervisor import Supervisor
 
 log = logging.getLogger("numafit")
 

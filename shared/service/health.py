@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("numafit")
 

@@ -18,11 +18,14 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import nats
-from nats.aio.client import Client
-from nats.micro.service import Service
 from nats.protocol import parser
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.micro.service import Service
 
 log = logging.getLogger("numafit.nats")
 

@@ -15,10 +15,9 @@ import contextlib
 import gc
 import logging
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio import client
-from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
 from shared.service import natsconn
@@ -27,9 +26,13 @@ from shared.service.kube import api_client
 from shared.service.kube_io import Kube
 from shared.service.lifecycle import stop_on_signals
 from shared.service.logs import configure_logging
-from shared.service.settings import CommonSettings
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import Factory, Service, ServiceSpec, reconnect_hook
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from shared.service.settings import CommonSettings
 
 __all__ = [
     "KUBE_API",

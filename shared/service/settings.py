@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,10 +38,12 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Iterator
+    from types import TracebackType
 
 log = logging.getLogger("numafit")
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
@@ -23,6 +22,9 @@ from shared.service import natsconn
 from shared.service.health import Readiness
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class Service(Protocol):

@@ -11,26 +11,30 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from shared.core.accounting import TrackedPod
 from shared.kube_emulator import KubeEmulator
 from shared.kube_emulator.scheduler_webhook import emulator_admission_hook
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator
 from shared.nats_server import NatsServer
-from shared.service.kube_io import Kube
 from shared.service.wiring import InProcess
-from shared.simulate.scenario import NodeSpec, Scenario
 from svc_accounting import service as accounting_service
 from svc_deviceplugin import service as deviceplugin_service
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_refit import service as refit_service
 from svc_scheduler import service as scheduler_service
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from shared.core.accounting import TrackedPod
+    from shared.service.kube_io import Kube
+    from shared.simulate.scenario import NodeSpec, Scenario
 
 RESOURCE = "nvidia.com/gpu"
 DEFAULT_REPLICAS = 10

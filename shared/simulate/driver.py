@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.core import codec, keys
-from shared.core.accounting import TrackedPod
 from shared.core.model import ContainerKind
 from shared.core.pods import pod_from_object
 from shared.core.quantity import parse_quantity
@@ -27,6 +23,13 @@ from shared.core.replicas import physical_ids
 from shared.kubelet_emulator import AdmissionError, KubeletEmulator
 from shared.service import kube_io
 from shared.simulate.scenario import CreatePod, DeletePod
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    import aiohttp
+
+    from shared.core.accounting import TrackedPod
 
 RESOURCE = "nvidia.com/gpu"
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
-from prometheus_client import CollectorRegistry
 
 from shared.simulate.cluster import SimCluster
 from shared.simulate.driver import Driver, PodReport
 from shared.simulate.scenario import CreatePod, Scenario
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from prometheus_client import CollectorRegistry
 
 
 def collect_metrics(registries: Iterable[CollectorRegistry]) -> dict[str, float]:

@@ -20,16 +20,14 @@ import random
 import ssl
 import sys
 from collections import deque
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
-from shared.core.accounting import TrackedPod
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy, parse_cpus
 from shared.messages import MessageError, SnapshotReply, SnapshotRequest, TrackedPodWire
 from shared.service import kube_io, natsconn
@@ -40,6 +38,11 @@ from shared.service.logs import configure_logging
 from shared.simulate.driver import RESOURCE, Driver, NodeHandle
 from shared.simulate.scenario import CreatePod, DeletePod
 from svc_deviceplugin.discovery import SimulatedBackend
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from shared.core.accounting import TrackedPod
 
 log = logging.getLogger("numafit.sim-node")
 

@@ -6,9 +6,12 @@ registers with kubelet, so the table shows exactly the fields the plugin uses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from svc_deviceplugin.discovery.model import NO_NUMA, GpuInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["inventory_lines"]
 

@@ -22,12 +22,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from svc_deviceplugin.discovery.errors import DiscoveryError
 from svc_deviceplugin.discovery.model import NO_NUMA, GpuInfo, HealthEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 __all__ = ["NvmlApi", "NvmlBackend", "NvmlHealthWatch", "pci_sysfs_name"]
 
@@ -289,6 +291,6 @@ def _text(value: str | bytes) -> str:
 
 def _import_pynvml() -> NvmlApi:
     try:
-        return cast(NvmlApi, importlib.import_module("pynvml"))
+        return cast("NvmlApi", importlib.import_module("pynvml"))
     except ImportError as exc:
         raise DiscoveryError(f"NVML is not available: {exc}") from exc

@@ -13,22 +13,18 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import nats.errors
 import orjson
-from nats.aio.client import Client
 
 from shared import subjects
 from shared.accounting_client import AccountingUnavailable
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn
-from shared.service.kube_io import Kube
 from tests.builders import container, gpu, node, pod
 from tests.chaos.support import (
     NO_REPLY,
@@ -49,6 +45,14 @@ from tests.chaos.support import (
     stop_all,
 )
 from tests.raw_accounting import RawAccounting
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine, Iterator
+    from pathlib import Path
+
+    from nats.aio.client import Client
+
+    from shared.service.kube_io import Kube
 
 T = TypeVar("T")
 

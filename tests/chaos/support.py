@@ -14,16 +14,12 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
 import orjson
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.core import keys
@@ -32,7 +28,15 @@ from shared.service.kube_io import Kube
 from tests.builders import container, pod
 from tests.integration.harness import wait_for
 from tests.integration.processes import NUMAFIT, free_port, get, ready
-from tests.raw_accounting import RawAccounting
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from pathlib import Path
+
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+
+    from tests.raw_accounting import RawAccounting
 
 # --- service processes -------------------------------------------------------------------------
 

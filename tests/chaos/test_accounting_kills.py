@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import orjson
@@ -43,6 +41,10 @@ from tests.chaos.support import (
 )
 from tests.integration.harness import wait_for
 from tests.raw_accounting import RawAccounting
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 SEED = 20261201
 KILLS = 5

@@ -10,8 +10,7 @@ the end every pod has moved and accounting's ledger equals the annotations.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import orjson
@@ -33,6 +32,9 @@ from tests.chaos.support import (
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.processes import free_port
 from tests.integration.test_refit_over_nats import for_create
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PODS = 60
 REQUESTERS = 4

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import nats.errors
@@ -37,6 +36,9 @@ from tests.chaos.support import (
     tally,
 )
 from tests.integration.harness import wait_for
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SERVICES = ("accounting", "refit", "scheduler")
 PATCH_DELAY_S = 1.5

@@ -8,15 +8,17 @@ NATS connection (an over-long subject would make nats-server close it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
 
 from shared import subjects
 from tests.chaos.fuzzing import WHITESPACE_TOKENS
-from tests.chaos.hostile import Hostile
 from tests.chaos.support import REFUSED, control_line_bytes, decodes_to_object, refit_body
+
+if TYPE_CHECKING:
+    from tests.chaos.hostile import Hostile
 
 LONG_TOKEN = "n" * 4040
 """A refit subject of 4057 bytes: it fits nats-server's 4096-byte control line (with a short

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
 
 from tests.builders import gpu, node
 from tests.chaos.support import ledger_node_names, tally
 from tests.integration.harness import Harness, harness, wait_for
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PHANTOMS = 2000
 BATCH = 100

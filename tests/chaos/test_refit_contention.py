@@ -11,8 +11,7 @@ printed (run with -s to see them).
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import orjson
@@ -34,6 +33,9 @@ from tests.chaos.support import (
     stop_all,
     tally,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PODS = 200
 ROOM = 3

@@ -8,13 +8,16 @@ still reaches the ledger.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.core import keys
 from tests.builders import gpu, node
 from tests.chaos.support import reserved_pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def tracked(h: Harness) -> dict[str, str]:

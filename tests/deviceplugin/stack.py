@@ -8,10 +8,9 @@ import contextlib
 import copy
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
 from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
@@ -20,6 +19,9 @@ from svc_deviceplugin.discovery import GpuInfo, SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService, PluginOptions, spec
 from tests.builders import container, pod
 from tests.integration.harness import Harness, harness, wait_for
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 RESOURCE = "nvidia.com/gpu"
 

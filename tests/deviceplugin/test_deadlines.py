@@ -15,17 +15,14 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import orjson
 import pytest
 from grpc import aio
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared import subjects
@@ -38,6 +35,12 @@ from svc_deviceplugin.service import DevicePluginService
 from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, gpu_pod, node_stack
 from tests.integration.harness import wait_for
 from tests.metrics import sample
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
 NODE = "deadline-node"
 MARGIN = 0.25

@@ -4,8 +4,7 @@ accounting and refit: registration, alignment, refits in both modes, faults, All
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import orjson
@@ -20,6 +19,9 @@ from tests.builders import container
 from tests.deviceplugin.stack import RESOURCE, Stack, gpu, gpu_pod, node_stack
 from tests.integration.harness import wait_for
 from tests.metrics import sample
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 WORKED = "GPU-b,NVIDIA,30000,60:;GPU-a,NVIDIA,20000,30:;"
 REFITS = "numafit_deviceplugin_refits_total"

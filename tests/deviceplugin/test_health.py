@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import subprocess
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -29,6 +28,9 @@ from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, bare_node, n
 from tests.integration.harness import harness, wait_for
 from tests.integration.processes import free_port, spawn
 from tests.metrics import sample
+
+if TYPE_CHECKING:
+    import subprocess
 
 pynvml = pytest.importorskip("pynvml")
 

@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from shared.simulate.report import public, simulate
 from shared.simulate.scenario import ScenarioError, load_scenario, parse_scenario
+
+if TYPE_CHECKING:
+    from shared.simulate.cluster import SimCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "demo-scenario.yaml"
@@ -224,7 +227,6 @@ async def test_the_ledger_always_equals_a_rebuild_from_the_annotations() -> None
     """The durable record is the pod annotations: after the whole demo (refits, fallbacks,
     drift, init shrink, deletion), a ledger rebuilt from the API equals the live one."""
     from shared.core.pods import pod_from_object
-    from shared.simulate.cluster import SimCluster
     from svc_accounting.ledger import Ledger
 
     compared: list[str] = []

@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from nats.aio.client import Client
 
 from shared import subjects
 from shared.kube_emulator import KubeEmulator
-from shared.service import natsconn
-from shared.service.kube_io import Kube
 from shared.service.wiring import InProcess
 from svc_accounting import service as accounting_service
-from svc_accounting.service import AccountingService
 from svc_refit import service as refit_service
-from svc_refit.service import RefitService
 from tests.raw_accounting import RawAccounting
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+    from nats.aio.client import Client
+
+    from shared.service import natsconn
+    from shared.service.kube_io import Kube
+    from svc_accounting.service import AccountingService
+    from svc_refit.service import RefitService
 
 
 class Harness:

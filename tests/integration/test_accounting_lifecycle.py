@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
@@ -12,6 +11,9 @@ from shared.messages import TrackedPodWire
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def init_pod(name: str = "job") -> dict[str, Any]:

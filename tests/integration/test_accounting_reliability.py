@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -22,6 +21,9 @@ from shared.core import keys
 from tests.builders import container, gpu, node, pod, quota
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 RESULTS = (
     "ok",

@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -25,6 +24,9 @@ from shared.core import keys
 from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import harness
 from tests.metrics import refit_counter
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PODS = 200
 ROOM = 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +12,9 @@ from svc_scheduler.service import SchedulerService
 from tests.builders import container, pod
 from tests.integration.harness import harness
 from tests.integration.test_refit_over_nats import for_create
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def test_pods_are_admitted_through_the_http_webhook(nats_url: str, tmp_path: Path) -> None:

@@ -3,14 +3,12 @@ and exports."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -18,6 +16,10 @@ import yaml
 from shared import cli
 from shared.simulate.report import public, simulate
 from shared.simulate.scenario import load_scenario
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"

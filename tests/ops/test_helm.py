@@ -11,12 +11,10 @@ on); the scheduler also with the other TLS/CA combinations.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import helm_python
 import kubernetes_validate
@@ -24,6 +22,10 @@ import pytest
 import yaml
 
 from shared.cli import RUN_TARGETS
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterator
 
 HELM = Path(__file__).resolve().parents[2] / "helm"
 SERVICE_CHARTS = ("svc-scheduler", "svc-refit", "svc-accounting", "svc-deviceplugin")

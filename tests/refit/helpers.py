@@ -6,13 +6,15 @@ import copy
 import json
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from shared import subjects
 from tests.builders import refit_request
-from tests.integration.harness import Harness
+
+if TYPE_CHECKING:
+    from tests.integration.harness import Harness
 
 WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
 

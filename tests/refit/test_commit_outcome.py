@@ -10,10 +10,7 @@ unanswered or inconclusive move is checked against accounting's ledger before re
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from shared.accounting_client import AccountingUnavailable
 from shared.core import keys
@@ -21,6 +18,11 @@ from shared.messages import MoveRequest
 from tests.integration.harness import harness
 from tests.metrics import refit_counter
 from tests.refit.helpers import request_for, worked_objects
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
 
 MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"  # the worked example's answer (README)
 

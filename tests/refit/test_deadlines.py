@@ -14,13 +14,11 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
 import pytest
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared import messages, subjects
@@ -43,6 +41,11 @@ from svc_refit.service import RefitService
 from tests.integration.harness import harness, wait_for
 from tests.metrics import sample
 from tests.refit.helpers import WORKED, request_for, worked_objects
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from nats.aio.client import Client
 
 Handler = Callable[[Msg], Awaitable[None]]
 

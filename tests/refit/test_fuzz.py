@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import string
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.harness import Harness, harness
 from tests.refit.helpers import raw_refit, still_serving, worked_objects
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DESIGN_FAILURE_CODES = {
     "invalid_request",

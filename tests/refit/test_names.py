@@ -11,7 +11,7 @@ bounded reason, and the service keeps answering.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
@@ -19,6 +19,9 @@ import pytest
 from shared import subjects
 from tests.integration.harness import harness
 from tests.refit.helpers import raw_refit, request_for, still_serving, worked_objects
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 LONG = "a" * 4040
 

@@ -7,8 +7,7 @@ node's view for every node name a refit named.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -17,6 +16,9 @@ from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import refit_counter
 from tests.refit.helpers import for_create, request_for, worked_objects
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def _publish(h: Harness, name: str, body: dict[str, Any]) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -19,6 +17,10 @@ from shared.messages import SnapshotReply, SnapshotRequest
 from svc_scheduler.service import SchedulerOptions, SchedulerService, spec
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
 
 
 @dataclass

@@ -9,13 +9,15 @@ answered with the verb's own error, and the scheduler keeps its connection.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from shared.core import keys
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def still_serving(s: Stack) -> None:

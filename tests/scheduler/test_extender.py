@@ -4,15 +4,18 @@ bind."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
 from shared.messages import ReserveReply, ReserveRequest, SnapshotReply, SnapshotRequest
-from svc_scheduler.read_model import ReadModel
 from tests.builders import gpu, node
 from tests.integration.harness import wait_for
 from tests.scheduler.stack import Stack, pending_pod, reserved_pod, stack, two_nodes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from svc_scheduler.read_model import ReadModel
 
 
 def counter(s: Stack, name: str, **labels: str) -> float:

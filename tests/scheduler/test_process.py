@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -19,6 +18,10 @@ from tests.builders import gpu, node
 from tests.integration.harness import wait_for
 from tests.integration.processes import free_port, get, kube_emulator_process, ready, spawn
 from tests.scheduler.stack import pending_pod
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
 
 
 async def test_scheduler_process_serves_and_drains(

@@ -5,9 +5,8 @@ stale), snapshots taken through the typed accounting client, the nodes gauge."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
@@ -23,6 +22,9 @@ from shared.messages import (
     SnapshotRequest,
 )
 from svc_scheduler.read_model import ReadModel
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
@@ -21,6 +21,9 @@ from svc_scheduler.service import SchedulerService
 from svc_scheduler.webhook import PodAdmission
 from tests.integration.harness import Harness, wait_for
 from tests.scheduler.stack import pending_pod, stack, two_nodes
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_help_explains_the_service(capsys: pytest.CaptureFixture[str]) -> None:

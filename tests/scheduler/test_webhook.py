@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -18,6 +17,9 @@ from svc_scheduler.extender_wire import BadInput
 from svc_scheduler.webhook import PodAdmission, parse_review
 from tests.builders import container, quota
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def review(pod: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:

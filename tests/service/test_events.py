@@ -4,13 +4,16 @@ outliving the service."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from shared.service import kube_io
 from shared.service.events import EventRecorder
-from shared.service.kube_io import Kube
 from shared.service.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from shared.service.kube_io import Kube
 
 POD = {"namespace": "ml", "name": "train", "uid": "u-1"}
 
@@ -37,7 +40,7 @@ def recorder(
     kube: FakeKube | None, sup: Supervisor, results: list[str], **options: Any
 ) -> EventRecorder:
     return EventRecorder(
-        cast(Kube | None, kube), sup, on_result=results.append, task_name="test-event", **options
+        cast("Kube | None", kube), sup, on_result=results.append, task_name="test-event", **options
     )
 
 

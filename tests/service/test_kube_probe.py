@@ -4,13 +4,16 @@ same way, from one probe: the scheduler's webhook and the refit agree with accou
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.kube_emulator import KubeEmulator
 from shared.service.health import Readiness
 from shared.service.kube import api_client
 from shared.service.runner import KUBE_API, probe_kube
 from tests.integration.harness import wait_for
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 async def test_readiness_follows_the_api_server(tmp_path: Path) -> None:

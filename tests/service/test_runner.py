@@ -9,20 +9,25 @@ ending. A plain SIGTERM still stops cleanly.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
-from nats.aio.client import Client
-from prometheus_client import CollectorRegistry
 
 from shared.nats_server import NatsServer
 from shared.service.health import Readiness
-from shared.service.kube_io import Kube
 from shared.service.runner import ServiceFailed, serve
 from shared.service.settings import CommonSettings
 from shared.service.supervisor import Supervisor
 from tests.integration.processes import free_port
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from nats.aio.client import Client
+    from prometheus_client import CollectorRegistry
+
+    from shared.service.kube_io import Kube
 
 
 class Probe:

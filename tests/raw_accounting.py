@@ -7,9 +7,9 @@ they use this subclass, which shares the client's subject, deadline and error ha
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
 from shared import subjects
@@ -71,39 +71,6 @@ class RawAccounting(AccountingClient):
         return await self.call("snapshot", node, body, budget)
 
     async def snapshot_all(self, *, budget: float | None = None, page: int = 200) -> dict[str, Any]:
-        """Every node, fetched page by page (one NATS message cannot hold a large cluster),
-        all pages and restarts within one `budget`. Starts over when accounting's epoch changes
-        between pages (it restarted meanwhile), at most three times."""
-        total = self.default_timeout if budget is None else budget
-        deadline = time.monotonic() + total
-
-        def left() -> float:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AccountingUnavailable(
-                    f"snapshot of every node did not finish in {total:.3f}s"
-                )
-            return remaining
-
-        for _ in range(3):
-            nodes: list[Any] = []
-            after, epoch = "", None
-            while True:
-                reply = await self.call(
-                    "snapshot", subjects.ALL_NODES, {"after": after, "limit": page}, left()
-                )
-                if not reply.get("ok", True):
-                    raise AccountingUnavailable(
-                        f"snapshot refused: {subjects.shown(str(reply.get('error', '')), 200)}"
-                    )
-                if epoch is not None and reply.get("epoch") != epoch:
-                    break  # accounting restarted between pages: start over
-                epoch = reply.get("epoch")
-                nodes.extend(reply.get("nodes") or [])
-                if not reply.get("more"):
-                    return {"ok": True, "epoch": epoch, "nodes": nodes}
-                following = str(reply.get("next", ""))
-                if following <= after:
-                    raise AccountingUnavailable("snapshot pages do not advance")
-                after = following
-        raise AccountingUnavailable("accounting kept restarting during a snapshot")
+        """Every node as plain JSON, through the typed client's paging (one budget)."""
+        epoch, nodes = await self.every_node(budget=budget, page=page)
+        return {"ok": True, "epoch": epoch, "nodes": [msgspec.to_builtins(n) for n in nodes]}

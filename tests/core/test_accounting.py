@@ -65,14 +65,16 @@ def test_released_rule_needs_every_regular_init_exited_zero() -> None:
 
 def test_track_pod_stores_effective_usage_and_skips_untracked_or_terminal_pods() -> None:
     allocated = "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;"
-    spec = {"init": [container("prep")], "containers": [container("main")]}
-    running = track_pod(pod_from_object(pod("p", allocated=allocated, **spec)))
+    init, containers = [container("prep")], [container("main")]
+    running = track_pod(
+        pod_from_object(pod("p", allocated=allocated, init=init, containers=containers))
+    )
     assert running is not None and running.usage == {"GPU-b": Usage(30000, 60, 1)}
-    done = pod("p", allocated=allocated, init_exit={"prep": 0}, **spec)
+    done = pod("p", allocated=allocated, init_exit={"prep": 0}, init=init, containers=containers)
     released = track_pod(pod_from_object(done))
     assert released is not None and released.usage == {"GPU-b": Usage(20000, 30, 1)}
-    assert track_pod(pod_from_object(pod("q", **spec))) is None
-    finished = pod("r", allocated=allocated, phase="Succeeded", **spec)
+    assert track_pod(pod_from_object(pod("q", init=init, containers=containers))) is None
+    finished = pod("r", allocated=allocated, phase="Succeeded", init=init, containers=containers)
     assert track_pod(pod_from_object(finished)) is None
 
 

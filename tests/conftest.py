@@ -24,7 +24,7 @@ def _container_url() -> Iterator[str] | None:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            from testcontainers.community.nats import NatsContainer  # type: ignore[import-not-found]
+            from testcontainers.community.nats import NatsContainer
         container = NatsContainer()
         container.start()
     except (ImportError, docker.errors.DockerException):

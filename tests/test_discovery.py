@@ -6,6 +6,7 @@ import ctypes.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -144,6 +145,10 @@ class FakeLibraryNotFound(FakeNvmlError):
     pass
 
 
+class FakeTimeout(FakeNvmlError):
+    pass
+
+
 @dataclass
 class FakeGpu:
     uuid: str
@@ -175,6 +180,21 @@ class FakeNvml:
     NVMLError = FakeNvmlError
     NVMLError_NotSupported = FakeNotSupported
     NVMLError_FunctionNotFound = FakeFunctionNotFound
+    NVMLError_Timeout = FakeTimeout
+    nvmlEventTypeXidCriticalError = 0x8
+
+    # XID events are not faked here (tests/deviceplugin/test_health.py covers them).
+    def nvmlEventSetCreate(self) -> object:
+        raise FakeNotSupported("Not Supported")
+
+    def nvmlDeviceRegisterEvents(self, handle: object, eventTypes: int, eventSet: object) -> None:
+        raise FakeNotSupported("Not Supported")
+
+    def nvmlEventSetWait_v2(self, eventSet: object, timeoutms: int) -> NoReturn:
+        raise FakeNotSupported("Not Supported")
+
+    def nvmlEventSetFree(self, eventSet: object) -> None:
+        raise FakeNotSupported("Not Supported")
 
     def nvmlInit(self) -> None:
         self.calls.append("init")

@@ -175,7 +175,7 @@ def test_uuid_lists_are_trimmed_and_empty_means_none() -> None:
 
 
 _uuid = st.text(
-    alphabet=st.characters(blacklist_characters=",:;", blacklist_categories=("Cs",)), min_size=1
+    alphabet=st.characters(blacklist_characters=",:;", blacklist_categories=["Cs"]), min_size=1
 )
 _device = st.builds(
     ContainerDevice,

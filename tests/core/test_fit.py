@@ -34,7 +34,7 @@ def device(
     index: int = 0,
     **info: Any,
 ) -> DeviceUsage:
-    fields = {
+    fields: dict[str, Any] = {
         "count": 10,
         "devmem": 40000,
         "devcore": 100,

@@ -19,6 +19,7 @@ from tests.builders import container
 from tests.deviceplugin.stack import RESOURCE, Stack, gpu, gpu_pod, node_stack
 from tests.integration.harness import wait_for
 from tests.metrics import sample
+from tests.raw_kube import raw
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,7 +38,7 @@ def misaligned(stack: Stack) -> float:
     return sample(stack.plugin.metrics.registry, "numafit_deviceplugin_misaligned_containers")
 
 
-async def annotations(stack: Stack, name: str) -> dict[str, str]:
+async def pod_annotations(stack: Stack, name: str) -> dict[str, str]:
     result: dict[str, str] = (await stack.h.pod("ml", name))["metadata"]["annotations"]
     return result
 
@@ -51,7 +52,7 @@ async def test_registration_and_reregistration_after_kubelet_restart(
         assert {d.id for d in devices} >= {"GPU-a-0", "GPU-b-9"}
         # The inventory reached the Node as HAMi's register annotation, through accounting.
         assert stack.h.kube is not None
-        response = await stack.h.kube.core.read_node("node-1", _preload_content=False)
+        response = await raw(stack.h.kube.core.read_node("node-1", _preload_content=False))
         register = orjson.loads(
             orjson.loads(await response.read())["metadata"]["annotations"][keys.NODE_REGISTER]
         )
@@ -79,7 +80,7 @@ async def test_gpu_already_on_the_cpus_numa_node_needs_no_refit(
         assert admission.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
         assert admission.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
         assert refits(stack, "best-effort", "no_mismatch") == 1
-        after = await annotations(stack, "local")
+        after = await pod_annotations(stack, "local")
         assert after[keys.TO_ALLOCATE] == ";" and after[keys.BIND_PHASE] == "success"
 
 
@@ -97,7 +98,7 @@ async def test_mismatch_is_refitted(nats_url: str, tmp_path: Path, mode: str) ->
         assert main.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert main.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
         assert refits(stack, mode, "moved") == 1
-        after = await annotations(stack, "train")
+        after = await pod_annotations(stack, "train")
         assert after[keys.ALLOCATED] == "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;"
         assert after[keys.TO_ALLOCATE] == ";;" and after[keys.BIND_PHASE] == "success"
 
@@ -122,7 +123,7 @@ async def test_refusal_falls_back_in_best_effort(nats_url: str, tmp_path: Path) 
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert refits(stack, "best-effort", "fallback") == 1
         assert misaligned(stack) == 1
-        assert (await annotations(stack, "late"))[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,30:;"
+        assert (await pod_annotations(stack, "late"))[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,30:;"
 
 
 async def test_refusal_fails_a_strict_pod(nats_url: str, tmp_path: Path) -> None:
@@ -135,7 +136,7 @@ async def test_refusal_fails_a_strict_pod(nats_url: str, tmp_path: Path) -> None
         ):
             await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
         assert refits(stack, "strict", "strict_failed") == 1
-        after = await annotations(stack, "late")
+        after = await pod_annotations(stack, "late")
         assert after[keys.BIND_PHASE] == "failed"
         assert after[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"  # nothing moved, nothing consumed
 
@@ -207,7 +208,7 @@ async def test_committed_but_unmappable_fails_in_both_modes(
         ):
             await stack.kubelet.admit_container(uid, "main", gpu_count=1, exclusive_cpus=2)
         assert refits(stack, mode, "unmappable") == 1
-        assert (await annotations(stack, "p"))[keys.BIND_PHASE] == "failed"
+        assert (await pod_annotations(stack, "p"))[keys.BIND_PHASE] == "failed"
 
 
 async def test_pod_that_did_not_opt_in_is_not_refitted(nats_url: str, tmp_path: Path) -> None:

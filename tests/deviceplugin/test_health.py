@@ -28,6 +28,7 @@ from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, bare_node, n
 from tests.integration.harness import harness, wait_for
 from tests.integration.processes import free_port, spawn
 from tests.metrics import sample
+from tests.raw_kube import raw
 
 if TYPE_CHECKING:
     import subprocess
@@ -121,7 +122,8 @@ class FakeDriver:
 
 
 def timeout() -> Exception:
-    return pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)  # NVMLError_Timeout
+    error: Exception = pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)  # NVMLError_Timeout
+    return error
 
 
 def test_the_real_constant_is_nvmls() -> None:
@@ -260,7 +262,7 @@ def test_the_xid_file_is_read_line_by_line(
 async def register_annotation(stack: Stack) -> dict[str, bool]:
     """uuid -> health, as the Node's register annotation says."""
     assert stack.h.kube is not None
-    response = await stack.h.kube.core.read_node("node-1", _preload_content=False)
+    response = await raw(stack.h.kube.core.read_node("node-1", _preload_content=False))
     annotations = orjson.loads(await response.read())["metadata"].get("annotations") or {}
     if keys.NODE_REGISTER not in annotations:
         return {}

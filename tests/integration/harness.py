@@ -17,6 +17,7 @@ from shared.service.wiring import InProcess
 from svc_accounting import service as accounting_service
 from svc_refit import service as refit_service
 from tests.raw_accounting import RawAccounting
+from tests.raw_kube import raw
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -89,14 +90,24 @@ class Harness:
         assert self.kube is not None
         core = self.kube.core
         if kind == "node":
-            response = await core.create_node(obj, _preload_content=False)
+            response = await raw(
+                core.create_node(obj, _preload_content=False)  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+            )
         elif kind == "quota":
-            response = await core.create_namespaced_resource_quota(
-                obj["metadata"]["namespace"], obj, _preload_content=False
+            response = await raw(
+                core.create_namespaced_resource_quota(
+                    obj["metadata"]["namespace"],
+                    obj,  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                    _preload_content=False,
+                )
             )
         else:
-            response = await core.create_namespaced_pod(
-                obj["metadata"]["namespace"], obj, _preload_content=False
+            response = await raw(
+                core.create_namespaced_pod(
+                    obj["metadata"]["namespace"],
+                    obj,  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                    _preload_content=False,
+                )
             )
         body: dict[str, Any] = orjson.loads(await response.read())
         assert response.status < 300, body

@@ -11,6 +11,7 @@ from shared.messages import TrackedPodWire
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
+from tests.raw_kube import raw
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -45,12 +46,14 @@ async def usedmem(h: Harness, uuid: str = "GPU-a") -> int:
 
 async def set_status(h: Harness, name: str, status: dict[str, Any]) -> None:
     assert h.kube is not None
-    response = await h.kube.core.patch_namespaced_pod_status(  # type: ignore[call-arg]
-        name,
-        "ml",
-        {"status": status},
-        _content_type="application/merge-patch+json",
-        _preload_content=False,
+    response = await raw(
+        h.kube.core.patch_namespaced_pod_status(  # type: ignore[call-arg]  # _content_type: not in the stubs
+            name,
+            "ml",
+            {"status": status},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
     )
     assert response.status == 200, await response.read()
     response.release()
@@ -108,7 +111,9 @@ async def test_init_shrink_release_and_adoption(nats_url: str, tmp_path: Path) -
 
         # ... and so does deletion.
         assert h.kube is not None
-        response = await h.kube.core.delete_namespaced_pod("other", "ml", _preload_content=False)
+        response = await raw(
+            h.kube.core.delete_namespaced_pod("other", "ml", _preload_content=False)
+        )
         response.release()
 
         async def empty() -> bool:

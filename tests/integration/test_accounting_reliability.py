@@ -21,6 +21,7 @@ from shared.core import keys
 from tests.builders import container, gpu, node, pod, quota
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
+from tests.raw_kube import raw
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -353,7 +354,7 @@ async def test_requests_for_unknown_nodes_create_nothing(nats_url: str, tmp_path
             assert reply["ok"] and reply["pod"] is None
         snapshot = await h.client.snapshot("made-up-x")
         assert snapshot["ok"] and snapshot["nodes"] == []
-        writes = {
+        writes: dict[str, dict[str, Any]] = {
             "bind-phase": {"podUID": "u", "phase": "allocating"},
             "move": {"podUID": "u", "revision": 0, "containerIndex": 0},
             "consume": {"devices": ["GPU-a"]},
@@ -414,7 +415,7 @@ async def test_a_deleted_node_is_dropped_everywhere(nats_url: str, tmp_path: Pat
         bound = await h.client.call("bind-phase", "node-2", {"podUID": gone_uid, "phase": "failed"})
         assert bound["ok"], bound  # a write on node-2 went through its lock
 
-        response = await h.kube.core.delete_node("node-2", _preload_content=False)
+        response = await raw(h.kube.core.delete_node("node-2", _preload_content=False))
         response.release()
         async with asyncio.timeout(5):
             while not updates or not updates[-1].get("deleted"):
@@ -460,8 +461,8 @@ async def test_a_new_quota_holds_the_next_reservation_at_once(
         # The quota watch relists after a 410 and keeps following.
         await wait_for(lambda: h.emulator.expire_watches("resourcequotas") >= 1)
         assert h.kube is not None
-        response = await h.kube.core.delete_namespaced_resource_quota(
-            "gpu", "ml", _preload_content=False
+        response = await raw(
+            h.kube.core.delete_namespaced_resource_quota("gpu", "ml", _preload_content=False)
         )
         response.release()
         await wait_for(lambda: "ml" not in accounting.ledger.quota.limits, within=5)
@@ -494,7 +495,7 @@ async def test_unbounded_input_is_never_echoed_unbounded(
     async with harness(nats_url, tmp_path, objects(target), with_refit=False) as h:
         caplog.set_level(logging.INFO, logger="numafit.accounting")
         huge = "x" * 100_000
-        bodies = [
+        bodies: list[tuple[str, dict[str, Any]]] = [
             ("move", {"podUID": huge, "revision": 0, "containerIndex": 0}),
             ("bind-phase", {"podUID": huge, "phase": "allocating"}),
             (

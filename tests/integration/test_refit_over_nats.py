@@ -17,6 +17,7 @@ from shared.kube_emulator import KubeEmulator
 from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import refit_counter, reserved
+from tests.raw_kube import raw
 
 WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
 """HAMi's worked example: init `prep` (30000 MiB, 60 %) on GPU-b, app `main` (20000 MiB, 30 %)
@@ -53,7 +54,7 @@ def request_for(
     return body
 
 
-async def annotations(h: Harness, namespace: str, name: str) -> dict[str, str]:
+async def pod_annotations(h: Harness, namespace: str, name: str) -> dict[str, str]:
     current = await h.pod(namespace, name)
     result: dict[str, str] = current["metadata"].get("annotations") or {}
     return result
@@ -81,7 +82,7 @@ async def test_refit_moves_the_reservation_byte_for_byte(nats_url: str, tmp_path
             "code": "moved",
             "containerDevices": "GPU-b,NVIDIA,20000,30:",
         }
-        after = await annotations(h, "ml", "train")
+        after = await pod_annotations(h, "ml", "train")
         assert after[keys.TO_ALLOCATE] == MOVED_PENDING
         assert after[keys.ALLOCATED] == MOVED_ALLOCATED
         # Ledger, published usage and the core agree.
@@ -94,9 +95,10 @@ async def test_refit_moves_the_reservation_byte_for_byte(nats_url: str, tmp_path
         assert reserved(h.accounting, "node-1", MOVED_USAGE) == MOVED_USAGE
         # The event landed on the pod.
         assert h.kube is not None
+        core = h.kube.core
 
         async def event_recorded() -> bool:
-            response = await h.kube.core.list_namespaced_event("ml", _preload_content=False)  # type: ignore[union-attr]
+            response = await raw(core.list_namespaced_event("ml", _preload_content=False))
             items = orjson.loads(await response.read())["items"]
             return any(e["reason"] == "NumaRefitSucceed" for e in items)
 
@@ -109,7 +111,7 @@ async def test_already_aligned_changes_nothing(nats_url: str, tmp_path: Path) ->
         created = await h.pod("ml", "train")
         reply = await h.refit_request(request_for(created, 1, ["GPU-a", "GPU-b"]))
         assert reply["code"] == "already_aligned"
-        assert await annotations(h, "ml", "train") == created["metadata"]["annotations"]
+        assert await pod_annotations(h, "ml", "train") == created["metadata"]["annotations"]
 
 
 def competing_objects() -> list[tuple[str, dict[str, Any]]]:
@@ -177,7 +179,7 @@ async def test_refit_racing_a_status_write_hits_409_and_loses_nothing(
             "consume", "node-1", {"podUID": created["metadata"]["uid"], "devices": ["GPU-b"]}
         )
         assert consumed["ok"] and not consumed["drifted"]
-        assert (await annotations(h, "ml", "train"))[keys.TO_ALLOCATE] == ";;"
+        assert (await pod_annotations(h, "ml", "train"))[keys.TO_ALLOCATE] == ";;"
 
 
 async def test_accounting_restart_rebuilds_the_same_ledger(nats_url: str, tmp_path: Path) -> None:
@@ -257,7 +259,7 @@ async def test_bad_input_never_changes_state_and_the_service_keeps_serving(
     node_obj, pod_obj = worked_objects()
     async with harness(nats_url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
         created = await h.pod("ml", "train")
-        before = await annotations(h, "ml", "train")
+        before = await pod_annotations(h, "ml", "train")
         cases = [
             (request_for(created, -1, ["GPU-b"], containerName=""), "container_out_of_range"),
             (request_for(created, 2**62, ["GPU-b"], containerName=""), "container_out_of_range"),
@@ -269,7 +271,7 @@ async def test_bad_input_never_changes_state_and_the_service_keeps_serving(
         for body, code in cases:
             reply = await h.refit_request(body)
             assert (reply["succeeded"], reply["code"]) == (False, code), body
-        assert await annotations(h, "ml", "train") == before
+        assert await pod_annotations(h, "ml", "train") == before
         # A request for another node's subject is refused before anything is looked up.
         assert (await h.refit_request(request_for(created, 1, ["GPU-b"]), node="node-2"))[
             "code"
@@ -308,7 +310,7 @@ async def test_accounting_refuses_stale_revisions_and_bad_operations(
         assert (await h.client.call("move", "node-1", late, budget=0.005))[
             "code"
         ] == "deadline_exceeded"
-        assert await annotations(h, "ml", "train") == created["metadata"]["annotations"]
+        assert await pod_annotations(h, "ml", "train") == created["metadata"]["annotations"]
         # A 500 from the API server is reported, the ledger unchanged.
         h.emulator.faults.add(method="PATCH", path_regex=r"/pods/train$", status=500, times=1)
         assert (await h.client.call("move", "node-1", dict(move, revision=revision)))[
@@ -335,7 +337,7 @@ async def test_pending_and_consume_follow_what_kubelet_runs(nats_url: str, tmp_p
         consumed = await h.client.call("consume", "node-1", {"podUID": uid, "devices": ["GPU-b"]})
         assert consumed["ok"] and consumed["drifted"] and consumed["bindPhase"] == "success"
         name = pending["pod"]["name"]
-        after = await annotations(h, "ml", name)
+        after = await pod_annotations(h, "ml", name)
         assert after[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,0:;"
         assert after[keys.TO_ALLOCATE] == ";" and after[keys.BIND_PHASE] == "success"
         wrong_size = await h.client.call("consume", "node-1", {"devices": ["GPU-a", "GPU-b"]})
@@ -349,7 +351,7 @@ async def test_register_writes_the_hami_annotation(nats_url: str, tmp_path: Path
         reply = await h.client.call("register", "gpu.node-7", {"devices": devices})
         assert reply["ok"]
         assert h.kube is not None
-        response = await h.kube.core.read_node("gpu.node-7", _preload_content=False)
+        response = await raw(h.kube.core.read_node("gpu.node-7", _preload_content=False))
         stored = orjson.loads(await response.read())["metadata"]["annotations"][keys.NODE_REGISTER]
         assert json.loads(stored)[0]["id"] == "GPU-x"
         assert (await h.client.call("register", "gpu.node-7", {"devices": [{"id": 1}]}))[
@@ -366,16 +368,15 @@ async def test_services_survive_a_nats_restart(tmp_path: Path) -> None:
         node_obj, pod_obj = worked_objects()
         async with harness(url, tmp_path, [("node", node_obj), ("pod", for_create(pod_obj))]) as h:
             created = await h.pod("ml", "train")
-            assert h.client_nc is not None and h.accounting is not None
+            client_nc, accounting, refit = h.client_nc, h.accounting, h.refit
+            assert client_nc is not None and accounting is not None and refit is not None
             server.stop()
-            await wait_for(lambda: not h.client_nc.is_connected)  # type: ignore[union-attr]
+            await wait_for(lambda: not client_nc.is_connected)
             restarted = NatsServer(port=int(url.rsplit(":", 1)[1]))
             restarted.start()
             server = restarted
-            await wait_for(lambda: h.client_nc.is_connected, within=15)  # type: ignore[union-attr]
-            await wait_for(
-                lambda: h.accounting.nc.is_connected and h.refit.nc.is_connected, within=15
-            )  # type: ignore[union-attr]
+            await wait_for(lambda: client_nc.is_connected, within=15)
+            await wait_for(lambda: accounting.nc.is_connected and refit.nc.is_connected, within=15)
             # Accounting republished every node for readers that missed updates meanwhile.
             await asyncio.wait_for(h.accounting_reconnected.wait(), 15)
 
@@ -426,7 +427,7 @@ async def test_refit_racing_a_consume_loses_cleanly(nats_url: str, tmp_path: Pat
         assert reply["code"] == "nothing_pending"
         assert h.refit is not None
         assert refit_counter(h.refit, "commit_attempts", result="conflict") == 1
-        final = await annotations(h, "ml", "train")
+        final = await pod_annotations(h, "ml", "train")
         assert final[keys.TO_ALLOCATE] == ";;"
         assert final[keys.ALLOCATED] == created["metadata"]["annotations"][keys.ALLOCATED]
 

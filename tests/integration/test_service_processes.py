@@ -22,6 +22,7 @@ from tests.integration.processes import (
     ready,
     spawn,
 )
+from tests.raw_kube import raw
 
 WORKED = Path(__file__).resolve().parents[2] / "shared" / "data" / "plan-worked-example.json"
 
@@ -39,12 +40,12 @@ async def test_services_run_probe_serve_and_drain(
     api = await api_client(str(kubeconfig))
     kube = Kube(api, "test")
     try:
-        response = await kube.core.create_node(example["node"], _preload_content=False)
+        response = await raw(kube.core.create_node(example["node"], _preload_content=False))
         response.release()
         pod = example["pods"][0]
         pod["metadata"].pop("uid")
         pod["metadata"].pop("resourceVersion")
-        response = await kube.core.create_namespaced_pod("ml", pod, _preload_content=False)
+        response = await raw(kube.core.create_namespaced_pod("ml", pod, _preload_content=False))
         created = orjson.loads(await response.read())
     finally:
         await api.close()

@@ -156,9 +156,9 @@ RESULTS = {
 def test_every_design_metric_is_exported_with_its_labels(samples: dict[str, float]) -> None:
     seen: dict[str, set[str]] = {}
     for key in samples:
-        name, _, labels = key.partition("{")
+        name, _, label_text = key.partition("{")
         seen.setdefault(name, set()).update(
-            item.split("=", 1)[0] for item in labels.rstrip("}").split(",") if item
+            item.split("=", 1)[0] for item in label_text.rstrip("}").split(",") if item
         )
     for name, labels in DESIGN_METRICS.items():
         assert name in seen, f"{name} is not exported"

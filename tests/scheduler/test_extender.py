@@ -10,6 +10,7 @@ from shared.core import keys
 from shared.messages import ReserveReply, ReserveRequest, SnapshotReply, SnapshotRequest
 from tests.builders import gpu, node
 from tests.integration.harness import wait_for
+from tests.raw_kube import raw
 from tests.scheduler.stack import Stack, pending_pod, reserved_pod, stack, two_nodes
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ async def test_filter_non_cache_mode_answers_with_node_objects(
 ) -> None:
     async with stack(nats_url, tmp_path, two_nodes()) as s:
         created = await s.h.create("pod", pending_pod("train"))
-        nodes = [
-            (await s.h.kube.core.read_node(n, _preload_content=False)) for n in ("node-1", "node-2")
-        ]  # type: ignore[union-attr]
+        assert s.h.kube is not None
+        core = s.h.kube.core
+        nodes = [await raw(core.read_node(n, _preload_content=False)) for n in ("node-1", "node-2")]
         items = [await r.json() for r in nodes]
         status, result = await s.post(
             "/filter", {"Pod": created, "Nodes": {"kind": "NodeList", "items": items}}

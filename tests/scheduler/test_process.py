@@ -17,6 +17,7 @@ from shared.service.kube_io import Kube
 from tests.builders import gpu, node
 from tests.integration.harness import wait_for
 from tests.integration.processes import free_port, get, kube_emulator_process, ready, spawn
+from tests.raw_kube import raw
 from tests.scheduler.stack import pending_pod
 
 if TYPE_CHECKING:
@@ -31,12 +32,19 @@ async def test_scheduler_process_serves_and_drains(
     api = await api_client(str(kubeconfig))
     kube = Kube(api, "test")
     try:
-        response = await kube.core.create_node(
-            node("node-1", [gpu("GPU-a", 0)]), _preload_content=False
+        response = await raw(
+            kube.core.create_node(
+                node("node-1", [gpu("GPU-a", 0)]),  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                _preload_content=False,
+            )
         )
         response.release()
-        response = await kube.core.create_namespaced_pod(
-            "ml", pending_pod("train"), _preload_content=False
+        response = await raw(
+            kube.core.create_namespaced_pod(
+                "ml",
+                pending_pod("train"),  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                _preload_content=False,
+            )
         )
         created = orjson.loads(await response.read())
 

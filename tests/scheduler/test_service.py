@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -141,7 +141,7 @@ async def test_tls_listener_serves_the_webhook(self_signed: tuple[Path, Path]) -
     try:
         assert http.url.startswith("https://127.0.0.1:")
         client_tls = ssl.create_default_context(cafile=str(cert))
-        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+        body: dict[str, Any] = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
         body["request"] = {"uid": "u1", "operation": "CREATE", "namespace": "ml", "object": {}}
         async with (
             aiohttp.ClientSession() as session,

@@ -16,6 +16,7 @@ from shared.kube_emulator.scheduler_webhook import WEBHOOK_NAME, emulator_admiss
 from svc_scheduler.extender_wire import BadInput
 from svc_scheduler.webhook import PodAdmission, parse_review
 from tests.builders import container, quota
+from tests.raw_kube import raw
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
 
 if TYPE_CHECKING:
@@ -130,7 +131,13 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
         core = s.h.kube.core
 
         refused = pending_pod("maybe", annotations={keys.NUMA_ALIGNMENT: "maybe"})
-        response = await core.create_namespaced_pod("ml", refused, _preload_content=False)
+        response = await raw(
+            core.create_namespaced_pod(
+                "ml",
+                refused,  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                _preload_content=False,
+            )
+        )
         status = orjson.loads(await response.read())
         assert response.status == 400
         assert status["kind"] == "Status"
@@ -138,7 +145,13 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
         assert "'maybe'" in status["message"]
 
         owned = pending_pod("owned", annotations={keys.BIND_PHASE: "allocating"})
-        response = await core.create_namespaced_pod("ml", owned, _preload_content=False)
+        response = await raw(
+            core.create_namespaced_pod(
+                "ml",
+                owned,  # type: ignore[arg-type]  # JSON body, not the model: tests/raw_kube.py
+                _preload_content=False,
+            )
+        )
         assert response.status == 403
         assert keys.BIND_PHASE in orjson.loads(await response.read())["message"]
 

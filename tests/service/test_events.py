@@ -45,7 +45,8 @@ def recorder(
 
 
 async def test_an_event_is_recorded_in_the_background_and_counted() -> None:
-    kube, results = FakeKube(), []
+    kube = FakeKube()
+    results: list[str] = []
     async with Supervisor("svc") as sup:
         events = recorder(kube, sup, results)
         assert events.record(POD, "Normal", "NumaRefitSucceed", "moved")
@@ -58,7 +59,8 @@ async def test_an_event_is_recorded_in_the_background_and_counted() -> None:
 
 
 async def test_a_slow_or_failing_write_is_given_up_and_counted_failed() -> None:
-    kube, results = FakeKube(), []
+    kube = FakeKube()
+    results: list[str] = []
     async with Supervisor("svc") as sup:
         events = recorder(kube, sup, results, timeout=0.05)
         kube.hang = True
@@ -71,7 +73,8 @@ async def test_a_slow_or_failing_write_is_given_up_and_counted_failed() -> None:
 
 
 async def test_beyond_the_limit_an_event_is_dropped_and_counted() -> None:
-    kube, results = FakeKube(), []
+    kube = FakeKube()
+    results: list[str] = []
     kube.hang = True
     async with Supervisor("svc") as sup:
         events = recorder(kube, sup, results, limit=2)
@@ -83,7 +86,8 @@ async def test_beyond_the_limit_an_event_is_dropped_and_counted() -> None:
 
 
 async def test_no_event_outlives_the_service() -> None:
-    kube, results = FakeKube(), []
+    kube = FakeKube()
+    results: list[str] = []
     kube.hang = True
     sup = Supervisor("svc")
     await sup.start()

@@ -83,10 +83,14 @@ async def test_a_crashing_task_is_logged_and_its_siblings_keep_running(
 
 async def test_requests_beyond_the_limit_wait_for_a_free_slot() -> None:
     release = asyncio.Event()
+
+    async def blocked() -> None:
+        await release.wait()
+
     async with Supervisor("svc", limit=2) as sup:
         for _ in range(2):
-            assert await sup.request(release.wait())
-        third = asyncio.ensure_future(sup.request(release.wait()))
+            assert await sup.request(blocked())
+        third = asyncio.ensure_future(sup.request(blocked()))
         await asyncio.sleep(0.01)
         assert not third.done()  # back-pressure on the caller, not one more task
         assert sup.requests == 2

@@ -18,6 +18,7 @@ import nats.errors
 
 from shared import messages, subjects
 from shared.messages import AccountingReply, AccountingRequest, NodeStateWire, SnapshotReply
+from shared.service import natsconn
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -75,7 +76,7 @@ class AccountingClient:
         try:
             # nats-py bounds the wait for the reply; this bounds the publish before it too.
             async with asyncio.timeout(budget):
-                msg = await self.nc.request(subject, data, timeout=budget)
+                msg = await natsconn.request(self.nc, subject, data, budget)
         except nats.errors.NoRespondersError as exc:
             raise AccountingUnavailable(f"no accounting service answers {subject}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:

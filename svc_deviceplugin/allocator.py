@@ -35,6 +35,7 @@ from shared.core.errors import CoreError
 from shared.core.pods import Alignment, parse_alignment
 from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, select_replicas
 from shared.messages import PendingEntry, PendingPod, RefitReply
+from shared.service import natsconn
 from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
 from shared.subjects import shown
@@ -280,10 +281,11 @@ class Allocator:
     async def _ask(self, refit: messages.RefitRequest) -> RefitAnswer:
         """One request, no retry."""
         try:
-            msg = await self.nc.request(
+            msg = await natsconn.request(
+                self.nc,
                 subjects.refit(refit.node_name),
                 messages.encode(refit),
-                timeout=refit.timeout_ms / 1000,
+                refit.timeout_ms / 1000,
             )
         except nats.errors.NoRespondersError:
             return RefitAnswer(None, "no refit service answers")

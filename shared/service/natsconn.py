@@ -21,10 +21,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import nats
+import nats.errors
 from nats.protocol import parser
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
+    from nats.aio.msg import Msg
     from nats.micro.service import Service
 
 log = logging.getLogger("numafit.nats")
@@ -134,6 +136,35 @@ async def connect(
             return nc
     except TimeoutError as exc:
         raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
+
+
+NO_RESPONDERS_GRACE = 0.1
+"""Seconds a request keeps retrying a "no responders" answer before taking it as final."""
+
+
+async def request(
+    nc: Client, subject: str, data: bytes, budget: float, *, grace: float = NO_RESPONDERS_GRACE
+) -> Msg:
+    """`nc.request` within `budget` seconds, retrying "no responders" for at most `grace`.
+
+    nats-server (2.15, measured) can answer "no responders" to a request sent just after a
+    subscriber on another connection flushed its subscription (a few percent of such requests
+    under load), and a replica restarting leaves the same short gap. A short, bounded retry
+    rides over both; a subject nobody serves still fails fast (after `grace`), so a fallback
+    is not delayed by the whole budget.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    retry_until = loop.time() + min(grace, budget)
+    delay = 0.005
+    while True:
+        try:
+            return await nc.request(subject, data, timeout=max(deadline - loop.time(), 0.001))
+        except nats.errors.NoRespondersError:
+            if loop.time() + delay >= retry_until:
+                raise
+            await asyncio.sleep(delay)
+            delay *= 2
 
 
 async def stop_service(service: Service | None) -> None:

@@ -250,7 +250,7 @@ class Hostile:
 
     async def nats_request(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            msg = await self.nc.request(subject, orjson.dumps(body), timeout=3)
+            msg = await natsconn.request(self.nc, subject, orjson.dumps(body), 3)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
             return {"error": repr(exc)}
         reply: dict[str, Any] = orjson.loads(msg.data)

@@ -146,7 +146,7 @@ def patch_arrived(
 async def refit_once(nc: Any, target: dict[str, Any]) -> dict[str, Any]:
     body = refit_body(target, ["GPU-b"], timeoutMs=2000)
     try:
-        msg = await nc.request(subjects.refit("node-1"), orjson.dumps(body), timeout=5)
+        msg = await natsconn.request(nc, subjects.refit("node-1"), orjson.dumps(body), 5)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
         return {"error": type(exc).__name__}
     reply: dict[str, Any] = orjson.loads(msg.data)

@@ -18,6 +18,7 @@ import orjson
 from shared import subjects
 from shared.core import keys
 from shared.nats_server import NatsServer
+from shared.service import natsconn
 from tests.builders import gpu, node
 from tests.chaos.support import (
     Stopwatch,
@@ -55,7 +56,7 @@ async def refit(h: Harness, target: dict[str, Any]) -> dict[str, Any]:
     assert h.client_nc is not None
     body = orjson.dumps(refit_body(target, ["GPU-b"]))
     try:
-        msg = await h.client_nc.request(subjects.refit("node-1"), body, timeout=3)
+        msg = await natsconn.request(h.client_nc, subjects.refit("node-1"), body, 3)
     except (
         nats.errors.TimeoutError,
         nats.errors.NoRespondersError,

@@ -69,7 +69,7 @@ async def test_200_refits_for_room_for_3(nats_url: str, tmp_path: Path) -> None:
             async def one(target: dict[str, Any]) -> str:
                 body = orjson.dumps(refit_body(target, ["GPU-b"], timeoutMs=2000))
                 try:
-                    msg = await nc.request(subjects.refit("node-1"), body, timeout=5)
+                    msg = await natsconn.request(nc, subjects.refit("node-1"), body, 5)
                 except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
                     return f"unanswered:{type(exc).__name__}"
                 return str(orjson.loads(msg.data).get("code"))

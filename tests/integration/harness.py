@@ -13,6 +13,7 @@ import orjson
 
 from shared import subjects
 from shared.kube_emulator import KubeEmulator
+from shared.service import natsconn
 from shared.service.wiring import InProcess
 from svc_accounting import service as accounting_service
 from svc_refit import service as refit_service
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
     from nats.aio.client import Client
 
-    from shared.service import natsconn
     from shared.service.kube_io import Kube
     from svc_accounting.service import AccountingService
     from svc_refit.service import RefitService
@@ -82,7 +82,7 @@ class Harness:
     ) -> dict[str, Any]:
         assert self.client_nc is not None
         payload = raw if raw is not None else orjson.dumps(body)
-        msg = await self.client_nc.request(subjects.refit(node), payload, timeout=5)
+        msg = await natsconn.request(self.client_nc, subjects.refit(node), payload, 5)
         reply: dict[str, Any] = orjson.loads(msg.data)
         return reply
 

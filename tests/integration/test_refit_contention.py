@@ -21,6 +21,7 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
+from shared.service import natsconn
 from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import harness
 from tests.metrics import refit_counter
@@ -66,7 +67,7 @@ async def test_200_refits_for_room_for_3_get_3_moved_and_197_no_fit(
             body = refit_request(target, 0, ["GPU-b"], timeoutMs=BUDGET_MS)
             started = time.perf_counter()
             try:
-                msg = await nc.request(subjects.refit("node-1"), orjson.dumps(body), timeout=3.0)
+                msg = await natsconn.request(nc, subjects.refit("node-1"), orjson.dumps(body), 3.0)
             except TimeoutError:
                 return {"code": "no_reply"}, time.perf_counter() - started
             return orjson.loads(msg.data), time.perf_counter() - started

@@ -90,7 +90,7 @@ async def test_services_run_probe_serve_and_drain(
             "timeoutMs": 2000,
         }
         reply = orjson.loads(
-            (await nc.request(subjects.refit("node-1"), orjson.dumps(body), timeout=5)).data
+            (await natsconn.request(nc, subjects.refit("node-1"), orjson.dumps(body), 5)).data
         )
         assert reply["code"] == "moved"
     finally:

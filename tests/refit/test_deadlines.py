@@ -173,8 +173,8 @@ async def test_accounting_must_answer_a_move_well_before_the_refit_stops_waiting
         await refit.start()
         await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:
-            msg = await nc.request(
-                subjects.refit("node-1"), orjson.dumps(_worked_request(timeoutMs=2000)), timeout=3
+            msg = await natsconn.request(
+                nc, subjects.refit("node-1"), orjson.dumps(_worked_request(timeoutMs=2000)), 3
             )
             replied = time.monotonic()
         finally:
@@ -199,8 +199,8 @@ async def test_a_silent_accounting_is_answered_within_the_budget(nats_url: str) 
         await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:
             started = time.perf_counter()
-            msg = await nc.request(
-                subjects.refit("node-1"), orjson.dumps(_worked_request(timeoutMs=300)), timeout=3
+            msg = await natsconn.request(
+                nc, subjects.refit("node-1"), orjson.dumps(_worked_request(timeoutMs=300)), 3
             )
             elapsed = time.perf_counter() - started
         finally:

@@ -153,6 +153,19 @@ class Outcome:
         return Code(self.reply.code)
 
 
+def _holds_reservation(pod: PodInfo, node: str, allocated: str) -> bool:
+    """Does the pod already carry exactly this reservation, not yet bound?"""
+    annotations = pod.annotations
+    return (
+        annotations.get(keys.VGPU_NODE) == node
+        and annotations.get(keys.TO_ALLOCATE) == allocated
+        and annotations.get(keys.ALLOCATED) == allocated
+        and keys.BIND_PHASE not in annotations
+        and keys.BIND_TIME not in annotations
+        and keys.VGPU_TIME in annotations
+    )
+
+
 def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
     rows = tracked.pending_rows
     return rows[index] if rows is not None and 0 <= index < len(rows) else None
@@ -438,6 +451,12 @@ class Operations:
         old = self.ledger.tracked(uid)
         released = (old is not None and old.released) or pod.init_released()
         self._check_fit(node, old, rows, pod.kinds, released, pod.namespace, f"pod {pod.key}")
+        if _holds_reservation(pod, name, value):
+            # The same decision again (kube-scheduler retrying a pod): writing would only bump
+            # the pod's resourceVersion, which sends the pod straight back into kube-scheduler's
+            # active queue and defeats its backoff. Nothing changes, nothing is written.
+            reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
+            return Outcome(reply, self.ledger.observe(pod))
         written, changed = await self._patch_pod(
             pod,
             {

@@ -55,6 +55,7 @@ from shared.core import codec, keys
 from shared.core import refit as core_refit
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.errors import CoreError
+from shared.core.lock import Lock
 from shared.core.model import ContainerKind, DeviceInfo, DeviceUsage, NodeSnapshot, Usage
 from shared.core.pods import Alignment, parse_alignment, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaLimit
@@ -689,10 +690,27 @@ class UsageEntry(Shape, frozen=True, kw_only=True):
     usedcores: NonNegative
 
 
+class LockWire(Shape, frozen=True, kw_only=True):
+    """A node's lock (HAMi's: one pod allocating at a time): the holder and its bind time."""
+
+    pod: str
+    """`namespace/name`."""
+    uid: str
+    since: NonNegative
+    """Unix seconds of the bind (bind-time annotation); readers judge the expiry."""
+
+    @classmethod
+    def from_core(cls, lock: Lock) -> LockWire:
+        return cls(pod=lock.pod_key, uid=lock.uid, since=lock.since)
+
+    def to_core(self) -> Lock:
+        return Lock(self.pod, self.uid, self.since)
+
+
 class UsageUpdate(Message, frozen=True, kw_only=True):
     """Published on `numafit.usage.v1.<node>` after every change of the node: its revision and
     full per-device usage table. A deleted node is published once more with `deleted: true` and
-    no devices."""
+    no devices. `allocating` names the pod holding the node's lock (omitted when none does)."""
 
     WHAT: ClassVar[str] = "usage update"
 
@@ -701,6 +719,7 @@ class UsageUpdate(Message, frozen=True, kw_only=True):
     revision: NonNegative
     devices: dict[str, UsageEntry]
     deleted: bool = False
+    allocating: LockWire | None = None
 
 
 def usage_entries(snapshot: NodeSnapshot | None) -> dict[str, UsageEntry]:

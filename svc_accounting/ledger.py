@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared import subjects
-from shared.core import codec, keys
+from shared.core import codec, keys, lock
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import NodeState
@@ -204,44 +204,19 @@ def _same_reservation(a: TrackedPod, b: TrackedPod) -> bool:
 
 
 def pending_pod(node: NodeLedger) -> TrackedPod | None:
-    """The pod this node must allocate next: bind-phase `allocating`, still Pending, with a
-    non-empty to-allocate entry; the oldest bind (then schedule) time first, as kubelet admits
-    pods in the order they were bound."""
-    candidates = [
-        p
-        for p in node.pods.values()
-        if p.pod.annotations.get(keys.BIND_PHASE) == keys.PHASE_ALLOCATING
-        and p.pod.phase == "Pending"
-        and p.pending_rows is not None
-        and any(p.pending_rows)
-    ]
-    if not candidates:
-        return None
-
-    def order(p: TrackedPod) -> tuple[int, int, str]:
-        return (
-            _int(p.pod.annotations.get(keys.BIND_TIME)),
-            _int(p.pod.annotations.get(keys.VGPU_TIME)),
-            p.uid,
-        )
-
-    return min(candidates, key=order)
-
-
-NODE_LOCK_EXPIRY_SECONDS = 300
-"""A pod still `allocating` after this long no longer blocks its node (HAMi's lock expiry)."""
+    """The pod this node must allocate next (the core's rule: shared/core/lock.py)."""
+    return lock.pending_pod(node.pods.values())
 
 
 def allocating_pod(node: NodeLedger, now: int, exclude: str = "") -> TrackedPod | None:
-    """Another pod of the node that is being allocated (bound, entries still pending)."""
-    candidate = pending_pod(
-        NodeLedger(node.name, pods={u: p for u, p in node.pods.items() if u != exclude})
-    )
-    if candidate is None:
+    """Another pod of the node that is being allocated (bound, entries still pending), unless
+    its lock has expired."""
+    holder = lock.pending_pod(node.pods.values(), exclude)
+    if holder is None or lock.lock_of(holder).expired(now):
         return None
-    bound = _int(candidate.pod.annotations.get(keys.BIND_TIME))
-    return candidate if now - bound < NODE_LOCK_EXPIRY_SECONDS else None
+    return holder
 
 
-def _int(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
+def node_lock(node: NodeLedger) -> lock.Lock | None:
+    """The node's lock as published (whatever its age: readers judge the expiry)."""
+    return lock.node_lock(node.pods.values())

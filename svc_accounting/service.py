@@ -36,7 +36,7 @@ from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
-from svc_accounting.ledger import Ledger, NodeLedger
+from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import Operations, bounded
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from nats.micro.service import Service
     from prometheus_client import CollectorRegistry
 
+    from shared.core.lock import Lock
     from shared.service.kube_io import Kube
 
 log = logging.getLogger("numafit.accounting")
@@ -359,6 +360,7 @@ class AccountingService:
                 node=node.name,
                 revision=node.revision,
                 devices=messages.usage_entries(node.snapshot),
+                allocating=_lock_wire(node_lock(node)),
             )
             with contextlib.suppress(Exception):  # a broken connection must not fail the op
                 await self.nc.publish(subjects.usage(node.name), messages.encode(body))
@@ -411,3 +413,7 @@ class AccountingService:
             "AllocationDiffersFromReservation",
             message,
         )
+
+
+def _lock_wire(lock: Lock | None) -> messages.LockWire | None:
+    return None if lock is None else messages.LockWire.from_core(lock)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Final
 
@@ -68,6 +69,8 @@ from svc_scheduler.extender_wire import (
 from svc_scheduler.metrics import SchedulerMetrics
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from shared.service.kube_io import Kube
     from svc_scheduler.read_model import NodeView, ReadModel
 
@@ -175,7 +178,8 @@ class Extender:
             if quota is not None and quota.limited(pod.namespace):
                 exclude = total(tracked.usage) if tracked is not None else Usage()
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
-            placement = place_pod(snapshots, requests, pod.kinds, options, policy, probe)
+            locked = locked_nodes(views, pod.uid, time.time())
+            placement = place_pod(snapshots, requests, pod.kinds, options, policy, probe, locked)
             if placement.chosen is None:
                 log.info(
                     "pod fits no node",
@@ -312,7 +316,8 @@ class Extender:
         except (AccountingUnavailable, MessageError, FilterError):
             return host_priority_list(scores)
         snapshots = {n: v.snapshot if v is not None else None for n, v in views.items()}
-        placement = place_pod(snapshots, requests, pod.kinds, options, policy)
+        locked = locked_nodes(views, pod.uid, time.time())
+        placement = place_pod(snapshots, requests, pod.kinds, options, policy, locked=locked)
         for name, score in placement.scores.items():
             scores[name] = extender_priority(score, policy)
         return host_priority_list(scores)
@@ -344,6 +349,9 @@ class Extender:
             message = f"cannot bind pod {key} to node {args.node}: {code}: {detail}"
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
             return binding_result(message), code.value
+        if reply.revision is not None:
+            # The node is locked from now on: the next filter must see it before deciding.
+            self.read_model.expect(args.node, reply.revision)
         error = await self._create_binding(args, deadline)
         if error is None:
             self._reserved.pop(args.pod_uid, None)
@@ -409,6 +417,16 @@ class Extender:
     def _record_event(self, args: BindingArgs, event_type: str, reason: str, message: str) -> None:
         pod = {"namespace": args.pod_namespace, "name": args.pod_name, "uid": args.pod_uid}
         self.events.record(pod, event_type, reason, message)
+
+
+def locked_nodes(views: Mapping[str, NodeView | None], uid: str, now: float) -> dict[str, str]:
+    """Nodes whose lock another pod than `uid` holds (and has not let expire), with the reason
+    a node that would fit is refused: accounting would refuse the bind there (HAMi's lock)."""
+    return {
+        name: view.lock.reason
+        for name, view in views.items()
+        if view is not None and view.lock is not None and view.lock.blocks(uid, now)
+    }
 
 
 def check_node_names(names: tuple[str, ...]) -> None:

@@ -15,6 +15,8 @@ The rules:
 - a revision bump with unchanged usage: that node is stale too. Such a bump is a change the
   usage table does not show (a cordon, a new register annotation, a bind phase), and a cordon
   must be seen before the next fit;
+- an applied update carries the node's lock (`allocating`); a snapshot's lock is computed from
+  its pods by the core's rule, so both ways give the same view;
 - a commit answered with a revision (`expect`): the node is stale until it holds that one;
 - a snapshot never rolls a node back behind an update applied while it travelled;
 - `deleted` (the Node was deleted) drops the node.
@@ -38,6 +40,7 @@ from shared.messages import UsageUpdate, apply_usage
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from shared.core.lock import Lock
     from shared.core.model import NodeSnapshot
     from shared.core.quota import QuotaLedger
 
@@ -54,6 +57,9 @@ class NodeView:
     revision: int
     snapshot: NodeSnapshot | None
     """Devices with the usage accounting counts; None when the node has no GPU inventory."""
+    lock: Lock | None = None
+    """The pod holding the node's lock (HAMi's: one pod allocating at a time), whatever its
+    age: the filter judges the expiry (shared/core/lock.py)."""
 
 
 @dataclass(slots=True)
@@ -123,7 +129,8 @@ class Freshness:
         if updated is None:
             self._stale.add(node)
             return
-        self._views[node] = NodeView(node, update.revision, updated)
+        lock = update.allocating.to_core() if update.allocating is not None else None
+        self._views[node] = NodeView(node, update.revision, updated, lock)
 
     def apply_snapshot(
         self, epoch: str, views: Iterable[NodeView], *, full: bool, asked: str | None = None

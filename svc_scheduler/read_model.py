@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
+from shared.core.lock import node_lock
 from shared.messages import NodeStateWire, SnapshotReply, SnapshotRequest, UsageUpdate
 from shared.service.backoff import Backoff
 from shared.service.supervisor import Supervisor
@@ -64,7 +65,7 @@ class PodContext:
 def _views(nodes: Iterable[NodeStateWire]) -> list[NodeView]:
     """The nodes of a snapshot reply (`MessageError` when one cannot be read)."""
     states = [n.to_state() for n in nodes]
-    return [NodeView(s.name, s.revision, s.snapshot()) for s in states]
+    return [NodeView(s.name, s.revision, s.snapshot(), node_lock(s.pods)) for s in states]
 
 
 class ReadModel:

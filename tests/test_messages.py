@@ -1295,3 +1295,23 @@ def test_move_reply_round_trip(reply: MoveReply) -> None:
 )
 def test_snapshot_reply_round_trip(reply: SnapshotReply) -> None:
     assert decode(encode(reply), SnapshotReply) == reply
+
+
+def test_usage_update_carries_the_node_lock_only_when_held() -> None:
+    from shared.core.lock import Lock
+    from shared.messages import LockWire
+
+    free = UsageUpdate(epoch="e", node="n", revision=1, devices={})
+    assert encode(free) == b'{"epoch":"e","node":"n","revision":1,"devices":{}}'
+    locked = msgspec.structs.replace(
+        free, allocating=LockWire.from_core(Lock("ml/train", "u-1", 1700000000))
+    )
+    assert orjson.loads(encode(locked))["allocating"] == {
+        "pod": "ml/train",
+        "uid": "u-1",
+        "since": 1700000000,
+    }
+    back = decode(encode(locked), UsageUpdate)
+    assert back.allocating is not None
+    assert back.allocating.to_core() == Lock("ml/train", "u-1", 1700000000)
+    assert decode(encode(free), UsageUpdate).allocating is None

@@ -114,11 +114,14 @@ def place_pod(
     options: FitOptions,
     policy: NodePolicy,
     quota: QuotaProbe | None = None,
+    locked: Mapping[str, str] | None = None,
 ) -> Placement:
     """Fit the pod on every candidate (None = the node has no GPU inventory) and pick one.
 
     `refused` maps each node that cannot hold the pod to HAMi's reason text, e.g.
-    `1/2 CardInsufficientMemory`; `scores` lists the fitting nodes best first.
+    `1/2 CardInsufficientMemory`; `scores` lists the fitting nodes best first. `locked` maps
+    nodes whose lock another pod holds (shared/core/lock.py) to why: such a node that would fit
+    is refused with that reason instead of being ranked, so the policy picks among free nodes.
     """
     refused: dict[str, str] = {}
     fits: dict[str, PodFit] = {}
@@ -130,6 +133,9 @@ def place_pod(
         fit = fit_pod(snapshot, requests, kinds, options, quota)
         if not fit.ok or fit.node is None:
             refused[name] = fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod"
+            continue
+        if locked is not None and name in locked:
+            refused[name] = locked[name]
             continue
         fits[name] = fit
         scores[name] = node_score(fit.node)

@@ -197,3 +197,41 @@ def test_quota_without_limits_is_trusted_for_a_while_limited_never() -> None:
     state.remember_quota("ml", limited, now=100.0)
     assert state.cached_quota("ml", now=100.0) is None
     assert state.cached_quota("other", now=100.0) is None
+
+
+def test_an_applied_update_carries_the_nodes_lock() -> None:
+    from shared.core.lock import Lock
+    from shared.messages import LockWire
+
+    state = fresh_at(3)
+    held = Lock("ml/a", "uid-a", 100)
+    state.apply_update(
+        UsageUpdate(
+            epoch="e1",
+            node="node-1",
+            revision=4,
+            devices=usage(1, 5000, 10),
+            allocating=LockWire.from_core(held),
+        )
+    )
+    current = state.view("node-1")
+    assert current is not None and current.lock == held
+    state.apply_update(update(5, usage(2, 10000, 20)))
+    current = state.view("node-1")
+    assert current is not None and current.revision == 5 and current.lock is None
+
+
+def test_locked_nodes_leave_out_the_holder_and_expired_locks() -> None:
+    from shared.core.lock import NODE_LOCK_EXPIRY_SECONDS, Lock
+    from svc_scheduler.extender import locked_nodes
+
+    snapshot = view(1).snapshot
+    views = {
+        "held": NodeView("held", 1, snapshot, Lock("ml/a", "uid-a", 1000)),
+        "expired": NodeView("expired", 1, snapshot, Lock("ml/c", "uid-c", 998)),
+        "free": NodeView("free", 1, snapshot),
+        "unknown": None,
+    }
+    now = 1000 + NODE_LOCK_EXPIRY_SECONDS - 1
+    assert locked_nodes(views, "uid-b", now) == {"held": "node is still allocating pod ml/a"}
+    assert locked_nodes(views, "uid-a", now) == {}

@@ -3,7 +3,13 @@
 - refit round trip as the device plugin sees it (a refit that moves a reservation: decision,
   accounting's move and a resourceVersion-guarded patch), p50/p99 and throughput at 1 and 64
   concurrent requests (64 nodes, one requester each, as 64 device plugins would), beside a bare
-  nats-py request-reply echo on the same broker;
+  nats-py request-reply echo on the same broker and a bare resourceVersion-guarded PATCH on the
+  same API server (the floor under a refit's two NATS round trips and one patch);
+- scheduling throughput: pods bound per second through the extender's `/filter` then `/bind`
+  over HTTP, one pod at a time as kube-scheduler does, on 20 nodes of 8 GPUs (1 GPU, 1000 MiB
+  pods), the device plugin side consuming each pod (accounting's `consume` over NATS, as at
+  Allocate) so the node lock is released; and the API writes (POST/PATCH/PUT the emulator
+  served) per scheduled pod during filter and bind;
 - extender filter latency over HTTP at 100, 1000 and 5000 nodes of 8 GPUs;
 - accounting memory per 10,000 reservations (tracemalloc, retained bytes).
 Everything is real: nats-server, the Kubernetes API emulator, the services in this process.
@@ -23,11 +29,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from shared import subjects
+from shared import messages, subjects
+from shared.accounting_client import AccountingClient
+from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.model import DeviceInfo
 from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
+from shared.kube_emulator.faults import FaultRule, Faults
 from shared.nats_server import NatsServer
 from shared.service import natsconn
 from shared.service.runner import settle_heap
@@ -88,6 +97,23 @@ def _pod(name: str, node: str, uuid: str | None, mem: int = 1000) -> dict[str, A
     }
 
 
+def _plain_pod(name: str) -> dict[str, Any]:
+    """A pod without GPUs (what the bare PATCH floor writes to)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench", "annotations": {}},
+        "spec": {"containers": [{"name": "app", "image": "x"}]},
+    }
+
+
+def _resource_version(body: Any) -> str:
+    """The resourceVersion in a raw (bytes) or decoded API answer."""
+    if isinstance(body, (bytes, bytearray)):
+        body = orjson.loads(body)
+    return str(body["metadata"]["resourceVersion"])
+
+
 def summarize(samples: list[float], elapsed: float) -> dict[str, float]:
     ordered = sorted(samples)
     return {
@@ -98,12 +124,37 @@ def summarize(samples: list[float], elapsed: float) -> dict[str, float]:
     }
 
 
+WRITES = frozenset({"POST", "PATCH", "PUT"})
+
+
+class WriteCounter(Faults):
+    """The emulator's fault rules (none here) that also count the write requests it serves
+    (every request passes `take`, watches included; the emulator's own controls do not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def take(self, method: str, path_qs: str, is_watch: bool = False) -> FaultRule | None:
+        if method in WRITES:
+            self.writes += 1
+        return super().take(method, path_qs, is_watch)
+
+
 @contextlib.asynccontextmanager
 async def _control_plane(
-    objects: list[tuple[str, dict[str, Any]]], *, refit: bool, scheduler: bool, progress: Progress
+    objects: list[tuple[str, dict[str, Any]]],
+    *,
+    refit: bool,
+    scheduler: bool,
+    progress: Progress,
+    counter: WriteCounter | None = None,
 ) -> AsyncIterator[tuple[str, Kube, Client, SchedulerService | None]]:
     with NatsServer() as server:
-        async with KubeEmulator() as emulator:
+        emulator = KubeEmulator()
+        if counter is not None:
+            emulator.faults = counter  # before start: the app's middleware is bound then
+        async with emulator:
             with tempfile.TemporaryDirectory() as tmp:
                 kubeconfig = emulator.write_kubeconfig(f"{tmp}/kubeconfig")
                 # The services as `numafit run` wires each: own connection, client, registry.
@@ -135,6 +186,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
     names = [f"node-{i:03d}" for i in range(concurrency)]
     objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
     objects += [("pod", _pod(f"pod-{n}", n, f"GPU-{n}-0")) for n in names]
+    objects += [("pod", _plain_pod(f"floor-{n}")) for n in names]
     progress(f"round trips: {concurrency} nodes, {requests} requests per series")
     async with _control_plane(objects, refit=True, scheduler=False, progress=progress) as (
         _,
@@ -145,6 +197,10 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
         uids = {}
         for n in names:
             uids[n] = (await admin.get_pod("bench", f"pod-{n}"))["metadata"]["uid"]
+        versions: dict[str, str] = {}
+        for n in names:
+            floor = await admin.get_pod("bench", f"floor-{n}")
+            versions[n] = floor["metadata"]["resourceVersion"]
 
         async def echo(msg: Any) -> None:
             await msg.respond(msg.data)
@@ -180,6 +236,19 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
 
                 async def worker(node: str) -> None:
                     for _ in range(per_worker):
+                        if kind == "patch":
+                            # The floor under refit's write: one guarded merge patch, as
+                            # accounting sends it (its answer carries the next version).
+                            start = time.perf_counter()
+                            body = await admin.patch_pod_annotations(
+                                "bench",
+                                f"floor-{node}",
+                                {"numafit.io/bench": str(time.perf_counter_ns())},
+                                versions[node],
+                            )
+                            samples.append(time.perf_counter() - start)
+                            versions[node] = _resource_version(body)
+                            continue
                         if kind == "echo":
                             subject, payload = "bench.echo", b"x" * 300
                         else:
@@ -194,10 +263,10 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                 await asyncio.gather(*(worker(n) for n in names[:workers]))
                 return summarize(samples, time.perf_counter() - started)
 
-            await series("echo", 1, max(requests // 10, 5))
-            await series("refit", 1, max(requests // 10, 5))
+            for kind in ("echo", "patch", "refit"):
+                await series(kind, 1, max(requests // 10, 5))
             result: dict[str, Any] = {}
-            for kind in ("echo", "refit"):
+            for kind in ("echo", "patch", "refit"):
                 result[kind] = {
                     "concurrency_1": await series(kind, 1, requests),
                     f"concurrency_{concurrency}": await series(
@@ -208,6 +277,96 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
             return result
         finally:
             await responder.close()
+
+
+async def bench_scheduling(pods: int, progress: Progress) -> dict[str, Any]:
+    """Pods bound per second, one at a time as kube-scheduler binds: POST /filter (every node
+    a candidate), POST /bind to the node it kept, then the device plugin's side of Allocate:
+    accounting's `pending` and `consume` over NATS, which release the node lock. Also the API
+    writes the emulator served during each pod's filter and bind (before Allocate)."""
+    names = [f"node-{i:02d}" for i in range(20)]
+    objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
+    objects += [("pod", _pod(f"sched-{i:05d}", "", None)) for i in range(pods)]
+    progress(f"scheduling: {pods} pods onto 20 nodes of 8 GPUs")
+    counter = WriteCounter()
+    async with _control_plane(
+        objects, refit=False, scheduler=True, progress=progress, counter=counter
+    ) as (_, admin, nc, extender):
+        assert extender is not None
+        created = [await admin.get_pod("bench", f"sched-{i:05d}") for i in range(pods)]
+        accounting = AccountingClient(nc)
+        headers = {"Content-Type": "application/json"}
+        writes: list[int] = []
+        bind_retries = 0
+        async with aiohttp.ClientSession() as session:
+
+            async def post(verb: str, body: dict[str, Any]) -> dict[str, Any]:
+                async with session.post(
+                    f"{extender.url}/{verb}", data=orjson.dumps(body), headers=headers
+                ) as response:
+                    answer: dict[str, Any] = await response.json()
+                    return answer
+
+            async def allocate(node: str, uid: str) -> None:
+                for _ in range(200):
+                    pending = await accounting.ask(
+                        messages.PendingRequest(node=node), messages.PendingReply
+                    )
+                    pod = pending.pod
+                    if isinstance(pod, messages.PendingPod) and pod.uid == uid and pod.entries:
+                        entry = codec.decode_container(pod.entries[0].devices)
+                        reply = await accounting.ask(
+                            messages.ConsumeRequest(
+                                devices=tuple(d.uuid for d in entry), pod_uid=uid, node=node
+                            ),
+                            messages.ConsumeReply,
+                        )
+                        if reply.ok:
+                            return
+                        if reply.code != Code.CONFLICT.value:
+                            raise RuntimeError(f"consume refused: {reply.code} {reply.error}")
+                    await asyncio.sleep(0.001)  # accounting has not seen the bind yet
+                raise RuntimeError(f"pod {uid} never became pending on {node}")
+
+            started = time.perf_counter()
+            for pod in created:
+                meta = pod["metadata"]
+                before = counter.writes
+                answer = await post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+                kept = answer.get("NodeNames") or []
+                if answer.get("Error") or not kept:
+                    raise RuntimeError(f"filter failed: {answer}")
+                node = kept[0]
+                for _ in range(100):
+                    bound = await post(
+                        "bind",
+                        {
+                            "PodName": meta["name"],
+                            "PodNamespace": "bench",
+                            "PodUID": meta["uid"],
+                            "Node": node,
+                        },
+                    )
+                    error = str(bound.get("Error") or "")
+                    if not error:
+                        break
+                    if "conflict" not in error and "allocating" not in error:
+                        raise RuntimeError(f"bind failed: {error}")
+                    bind_retries += 1
+                    await asyncio.sleep(0.001)  # kube-scheduler binds again later
+                else:
+                    raise RuntimeError(f"bind of {meta['name']} never succeeded")
+                writes.append(counter.writes - before)
+                await allocate(node, meta["uid"])
+            elapsed = time.perf_counter() - started
+    return {
+        "nodes": len(names),
+        "pods": pods,
+        "pods_per_s": round(pods / elapsed, 1) if elapsed > 0 else 0.0,
+        "api_writes_per_pod": round(float(statistics.mean(writes)), 2),
+        "api_writes_max": max(writes),
+        "bind_retries": bind_retries,
+    }
 
 
 async def bench_filter(node_counts: list[int], filters: int, progress: Progress) -> dict[str, Any]:
@@ -281,6 +440,7 @@ async def run_bench(quick: bool, progress: Progress) -> dict[str, Any]:
     node_counts = [20, 50] if quick else [100, 1000, 5000]
     figures: dict[str, Any] = {"quick": quick}
     figures["round_trip"] = await bench_round_trips(requests, concurrency, progress)
+    figures["scheduling"] = await bench_scheduling(40 if quick else 500, progress)
     figures["filter_latency"] = await bench_filter(node_counts, 5 if quick else 20, progress)
     progress("accounting memory")
     figures["accounting_memory"] = bench_memory(1000 if quick else 10_000)
@@ -290,13 +450,30 @@ async def run_bench(quick: bool, progress: Progress) -> dict[str, Any]:
 def render(figures: dict[str, Any]) -> str:
     lines = ["numafit bench" + (" (quick)" if figures.get("quick") else ""), ""]
     lines.append("Round trip as the device plugin sees it (refit moves a reservation each time):")
-    for kind, label in (("echo", "bare nats-py echo"), ("refit", "refit (moved)")):
+    for kind, label in (
+        ("echo", "bare nats-py echo"),
+        ("patch", "bare guarded PATCH"),
+        ("refit", "refit (moved)"),
+    ):
         for name, value in figures["round_trip"][kind].items():
             lines.append(
                 f"  {label:<18} {name:<15} p50 {value['p50_ms']:8.3f} ms  "
                 f"p99 {value['p99_ms']:8.3f} ms  {value['throughput_per_s']:9.1f} req/s  "
                 f"({value['requests']} requests)"
             )
+    sched = figures["scheduling"]
+    lines.append("")
+    lines.append(
+        "Scheduling (HTTP /filter then /bind, one pod at a time; the plugin consumes each):"
+    )
+    lines.append(
+        f"  {sched['pods_per_s']:.1f} pods/s  ({sched['pods']} pods on {sched['nodes']} nodes "
+        f"of 8 GPUs, 1 GPU / 1000 MiB each)"
+    )
+    lines.append(
+        f"  {sched['api_writes_per_pod']:.2f} API writes per pod before Allocate "
+        f"(max {sched['api_writes_max']}; {sched['bind_retries']} bind retries)"
+    )
     lines.append("")
     lines.append("Extender /filter latency (HTTP, every node a candidate, 8 GPUs each):")
     for count, value in figures["filter_latency"].items():

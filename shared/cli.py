@@ -5,7 +5,8 @@
                emulator (kube-emulator, kubelet-emulator, sim-node), each with its own flags
     simulate   the whole system on emulated nodes, and a report (shared.simulate)
     demo       `simulate` on the bundled scenario, explained
-    bench      refit round trips, filter latency, accounting memory (shared.bench)
+    bench      refit round trips, scheduling throughput, filter latency, accounting memory
+               (shared.bench)
 
 The top layer of the code: it imports the services, the emulators and the simulation, each
 lazily by the command that needs it, and nothing imports it. Every command prints one clear
@@ -221,12 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = commands.add_parser(
         "bench",
-        help="measure refit round trips, extender filter latency and accounting memory",
+        help=(
+            "measure refit round trips, scheduling throughput, extender filter latency and "
+            "accounting memory"
+        ),
         description=(
             "Measure, in one run on this machine: the refit round trip as the device plugin sees "
-            "it (p50, p99, throughput at 1 and 64 concurrent) beside a bare nats-py echo on the "
-            "same broker; extender filter latency at 100, 1000 and 5000 nodes of 8 GPUs; "
-            "accounting memory per 10,000 reservations."
+            "it (p50, p99, throughput at 1 and 64 concurrent) beside its floor, a bare nats-py "
+            "echo on the same broker and a bare resourceVersion-guarded PATCH on the same API "
+            "server; scheduling throughput (pods bound per second through /filter then /bind, "
+            "one pod at a time, 20 nodes of 8 GPUs) and API writes per scheduled pod; extender "
+            "filter latency at 100, 1000 and 5000 nodes of 8 GPUs; accounting memory per 10,000 "
+            "reservations."
         ),
     )
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")

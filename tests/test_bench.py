@@ -21,7 +21,7 @@ def test_quick_bench_reports_every_figure() -> None:
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
-    for kind in ("echo", "refit"):
+    for kind in ("echo", "patch", "refit"):
         series = figures["round_trip"][kind]
         assert set(series) == {"concurrency_1", "concurrency_8"}
         for value in series.values():
@@ -29,6 +29,11 @@ def test_quick_bench_reports_every_figure() -> None:
                 value["requests"] > 0 and value["p50_ms"] > 0 and value["p99_ms"] >= value["p50_ms"]
             )
             assert value["throughput_per_s"] > 0
+    scheduling = figures["scheduling"]
+    assert scheduling["pods"] > 0 and scheduling["nodes"] == 20
+    assert isinstance(scheduling["pods_per_s"], float) and scheduling["pods_per_s"] > 0
+    assert isinstance(scheduling["api_writes_per_pod"], (int, float))
+    assert scheduling["api_writes_per_pod"] > 0
     assert set(figures["filter_latency"]) == {"20", "50"}
     memory = figures["accounting_memory"]
     assert memory["reservations"] == 1000 and memory["bytes_per_reservation"] > 0

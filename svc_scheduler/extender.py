@@ -36,6 +36,7 @@ from shared.core.fit import fit_options
 from shared.core.model import NodeSnapshot, Usage
 from shared.core.nodes import (
     MAX_EXTENDER_PRIORITY,
+    FitCache,
     extender_priority,
     parse_node_policy,
     place_pod,
@@ -122,6 +123,9 @@ class Extender:
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self._reserved: OrderedDict[str, str] = OrderedDict()
+        self.fit_cache = FitCache()
+        """Per-node fit outcomes by (node revision, snapshot, pod shape): unchanged nodes are
+        not fitted again by the next filter (shared/core/nodes.py)."""
         self.events = EventRecorder(
             kube,
             supervisor if supervisor is not None else Supervisor("extender"),
@@ -167,19 +171,23 @@ class Extender:
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         for attempt in range(1, self.max_attempts + 1):
             tracked, quota, views = await self._state(pod, args.names, deadline)
-            snapshots: dict[str, NodeSnapshot | None] = {}
-            for name in args.names:
-                view = views.get(name)
-                snapshot = view.snapshot if view is not None else None
-                if snapshot is not None and tracked is not None and tracked.node == name:
-                    snapshot = without_pod(snapshot, tracked.usage)
-                snapshots[name] = snapshot
+            snapshots, stamps = self._snapshots(args.names, views, tracked)
             probe = None
             if quota is not None and quota.limited(pod.namespace):
                 exclude = total(tracked.usage) if tracked is not None else Usage()
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
             locked = locked_nodes(views, pod.uid, time.time())
-            placement = place_pod(snapshots, requests, pod.kinds, options, policy, probe, locked)
+            placement = place_pod(
+                snapshots,
+                requests,
+                pod.kinds,
+                options,
+                policy,
+                probe,
+                locked,
+                cache=self.fit_cache,
+                stamps=stamps,
+            )
             if placement.chosen is None:
                 log.info(
                     "pod fits no node",
@@ -224,6 +232,32 @@ class Extender:
             f"pod {pod.key}: every reservation lost a race with another change "
             f"({self.max_attempts} attempts)"
         )
+
+    def _snapshots(
+        self,
+        names: tuple[str, ...],
+        views: Mapping[str, NodeView | None],
+        tracked: TrackedPod | None,
+    ) -> tuple[dict[str, NodeSnapshot | None], dict[str, tuple[str | None, int]]]:
+        """The snapshot each candidate is fitted on, and the stamp (epoch, revision) its fit
+        may be cached under: none for the node holding the pod's own earlier reservation (its
+        snapshot is a copy without that reservation)."""
+        epoch = self.read_model.epoch
+        snapshots: dict[str, NodeSnapshot | None] = {}
+        stamps: dict[str, tuple[str | None, int]] = {}
+        own = tracked.node if tracked is not None else None
+        for name in names:
+            view = views.get(name)
+            if view is None:
+                snapshots[name] = None
+                continue
+            snapshot = view.snapshot
+            if name == own and snapshot is not None and tracked is not None:
+                snapshots[name] = without_pod(snapshot, tracked.usage)
+                continue
+            snapshots[name] = snapshot
+            stamps[name] = (epoch, view.revision)
+        return snapshots, stamps
 
     async def _state(
         self, pod: PodInfo, names: tuple[str, ...], deadline: Deadline
@@ -315,9 +349,18 @@ class Extender:
             views = await self.read_model.views(names, self._budget(deadline))
         except (AccountingUnavailable, MessageError, FilterError):
             return host_priority_list(scores)
-        snapshots = {n: v.snapshot if v is not None else None for n, v in views.items()}
+        snapshots, stamps = self._snapshots(tuple(views), views, None)
         locked = locked_nodes(views, pod.uid, time.time())
-        placement = place_pod(snapshots, requests, pod.kinds, options, policy, locked=locked)
+        placement = place_pod(
+            snapshots,
+            requests,
+            pod.kinds,
+            options,
+            policy,
+            locked=locked,
+            cache=self.fit_cache,
+            stamps=stamps,
+        )
         for name, score in placement.scores.items():
             scores[name] = extender_priority(score, policy)
         return host_priority_list(scores)

@@ -11,15 +11,16 @@ used/MiB) summed over the node's GPUs. Ties end on the node name so decisions ar
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.core.fit import FitOptions, PodFit, fit_pod
+from shared.core.fit import FitOptions, fit_pod
 from shared.core.keys import NODE_POLICY, SCORE_WEIGHT_FACTOR
 from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Hashable, Mapping, Sequence
 
     from shared.core.config import CoreConfig
     from shared.core.quota import QuotaProbe
@@ -93,6 +94,88 @@ def without_pod(node: NodeSnapshot, usage: PodUsage) -> NodeSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeFit:
+    """One node's outcome for one pod: HAMi's refusal reason, or the pod's container rows and
+    the node's score after placing it."""
+
+    reason: str | None
+    rows: tuple[ContainerEntry, ...] = ()
+    score: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def fit_node(
+    snapshot: NodeSnapshot | None,
+    requests: Sequence[ContainerRequest | None],
+    kinds: Sequence[ContainerKind],
+    options: FitOptions,
+    quota: QuotaProbe | None = None,
+) -> NodeFit:
+    """Fit the whole pod on one node (None = no GPU inventory) and score the node after it."""
+    if snapshot is None:
+        return NodeFit(NODE_UNREGISTERED)
+    fit = fit_pod(snapshot, requests, kinds, options, quota)
+    if not fit.ok or fit.node is None:
+        return NodeFit(fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod")
+    return NodeFit(None, fit.rows, node_score(fit.node))
+
+
+FIT_CACHE_SHAPES = 32
+"""Pod request shapes whose per-node outcomes a `FitCache` keeps (least recently used go)."""
+
+
+class FitCache:
+    """Per-node fit outcomes, reused while neither the node nor the pod's request shape changed.
+
+    An entry is keyed by the pod's shape (requests, container kinds, fit options) and the node
+    name, and holds the node's *stamp* (what the caller read it at, e.g. its revision) and the
+    very snapshot object it was computed on: a new revision or another snapshot object is a
+    miss, and the node is fitted again. The outcome is a pure function of (snapshot, shape), so
+    a hit is exactly what the fit would say, reasons included. Fits against a quota are never
+    cached (the namespace's usage moves independently of the node).
+    """
+
+    def __init__(self, shapes: int = FIT_CACHE_SHAPES) -> None:
+        self.shapes = shapes
+        self._by_shape: OrderedDict[
+            Hashable, dict[str, tuple[Hashable, NodeSnapshot | None, NodeFit]]
+        ] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def shape(
+        requests: Sequence[ContainerRequest | None],
+        kinds: Sequence[ContainerKind],
+        options: FitOptions,
+    ) -> Hashable:
+        return (tuple(requests), tuple(kinds), options)
+
+    def entries(self, shape: Hashable) -> dict[str, tuple[Hashable, NodeSnapshot | None, NodeFit]]:
+        """The per-node entries of one shape (created, and marked recently used)."""
+        entries = self._by_shape.get(shape)
+        if entries is None:
+            entries = {}
+            self._by_shape[shape] = entries
+            while len(self._by_shape) > self.shapes:
+                self._by_shape.popitem(last=False)
+        else:
+            self._by_shape.move_to_end(shape)
+        return entries
+
+    def forget(self, node: str) -> None:
+        """Drop every outcome computed on `node` (e.g. the node was deleted)."""
+        for entries in self._by_shape.values():
+            entries.pop(node, None)
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self._by_shape.values())
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where a pod goes: the chosen node and its container rows, why the others were refused,
     and every fitting node's score after placing the pod."""
@@ -115,6 +198,9 @@ def place_pod(
     policy: NodePolicy,
     quota: QuotaProbe | None = None,
     locked: Mapping[str, str] | None = None,
+    *,
+    cache: FitCache | None = None,
+    stamps: Mapping[str, Hashable] | None = None,
 ) -> Placement:
     """Fit the pod on every candidate (None = the node has no GPU inventory) and pick one.
 
@@ -122,26 +208,44 @@ def place_pod(
     `1/2 CardInsufficientMemory`; `scores` lists the fitting nodes best first. `locked` maps
     nodes whose lock another pod holds (shared/core/lock.py) to why: such a node that would fit
     is refused with that reason instead of being ranked, so the policy picks among free nodes.
+
+    With a `cache`, a node that has a stamp in `stamps` reuses the outcome computed on the same
+    snapshot at the same stamp for the same pod shape (no cache is used with a quota probe).
     """
     refused: dict[str, str] = {}
-    fits: dict[str, PodFit] = {}
+    rows: dict[str, tuple[ContainerEntry, ...]] = {}
     scores: dict[str, float] = {}
+    entries = None
+    if cache is not None and stamps is not None and quota is None:
+        entries = cache.entries(cache.shape(requests, kinds, options))
     for name, snapshot in nodes.items():
-        if snapshot is None:
-            refused[name] = NODE_UNREGISTERED
-            continue
-        fit = fit_pod(snapshot, requests, kinds, options, quota)
-        if not fit.ok or fit.node is None:
-            refused[name] = fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod"
+        outcome = None
+        stamp = None
+        if entries is not None:
+            stamp = stamps.get(name) if stamps is not None else None
+            if stamp is not None:
+                entry = entries.get(name)
+                if entry is not None and entry[1] is snapshot and entry[0] == stamp:
+                    outcome = entry[2]
+        if outcome is None:
+            outcome = fit_node(snapshot, requests, kinds, options, quota)
+            if entries is not None and stamp is not None:
+                entries[name] = (stamp, snapshot, outcome)
+                assert cache is not None
+                cache.misses += 1
+        elif cache is not None:
+            cache.hits += 1
+        if outcome.reason is not None:
+            refused[name] = outcome.reason
             continue
         if locked is not None and name in locked:
             refused[name] = locked[name]
             continue
-        fits[name] = fit
-        scores[name] = node_score(fit.node)
+        rows[name] = outcome.rows
+        scores[name] = outcome.score
     ranked = rank_nodes(scores, policy)
     ordered = {name: scores[name] for name in ranked}
     if not ranked:
         return Placement(None, (), refused, ordered)
     best = ranked[0]
-    return Placement(best, fits[best].rows, refused, ordered)
+    return Placement(best, rows[best], refused, ordered)

@@ -40,7 +40,7 @@ from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core.accounting import TrackedPod, track_pod
-from shared.core.model import NodeSnapshot, Usage
+from shared.core.nodes import with_added
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
 from shared.messages import (
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
+    from shared.core.model import NodeSnapshot, Usage
     from shared.service.lifecycle import Deadline
     from shared.service.supervisor import Supervisor
 
@@ -501,31 +502,7 @@ class ReadModel:
 
 def with_claims(usage: NodeSnapshot, claims: list[Claim]) -> NodeSnapshot:
     """A copy of `usage` with every claim counted."""
-    result = usage.copy()
-    devices = result.by_uuid()
-    for claim in claims:
-        for uuid, u in claim.usage.items():
-            device = devices.get(uuid)
-            if device is not None:
-                device.add(u)
-    return result
-
-
-def added_usage(old: Mapping[str, Usage], new: Mapping[str, Usage]) -> dict[str, Usage]:
-    """What replacing a pod's stored usage `old` by `new` adds on each device, counted the way
-    a node snapshot counts a pod (`max(slots, 1)` per device it uses)."""
-    added: dict[str, Usage] = {}
-    for uuid, after in new.items():
-        before = old.get(uuid)
-        slots_before = max(before.slots, 1) if before is not None else 0
-        extra = Usage(
-            max(after.mem - (before.mem if before else 0), 0),
-            max(after.cores - (before.cores if before else 0), 0),
-            max(max(after.slots, 1) - slots_before, 0),
-        )
-        if not extra.is_zero:
-            added[uuid] = extra
-    return added
+    return with_added(usage, (claim.usage for claim in claims))
 
 
 def committed(

@@ -31,6 +31,7 @@ from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.config import CoreConfig
+from shared.core.nodes import usage_growth
 from shared.core.refit import (
     Event,
     RefitDecision,
@@ -51,7 +52,6 @@ from svc_refit.read_model import (
     ReadModel,
     SnapshotRefused,
     View,
-    added_usage,
     committed,
     with_claims,
 )
@@ -368,7 +368,7 @@ class RefitService:
             allocated=decision.annotations[keys.ALLOCATED],
             node=node,
         )
-        claim = added_usage(tracked.usage, decision.stored_usage or {})
+        claim = usage_growth(tracked.usage, decision.stored_usage or {})
         lost = ""
         reply: MoveReply | None = None
         with self.read_model.claim(node, request.pod_uid, claim):

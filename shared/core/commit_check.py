@@ -46,7 +46,7 @@ from shared.core.model import (
     NodeSnapshot,
     Usage,
 )
-from shared.core.nodes import without_pod
+from shared.core.nodes import usage_growth, without_pod
 from shared.core.policy import parse_policy
 from shared.core.requests import ContainerRequest
 
@@ -114,12 +114,6 @@ def _positional(rows: Rows) -> list[ContainerEntry]:
     return list(rows)
 
 
-def _grows(new: Usage, old: Usage | None) -> bool:
-    if old is None:
-        return True
-    return new.mem > old.mem or new.cores > old.cores or max(new.slots, 1) > max(old.slots, 1)
-
-
 def check_commit(
     node: NodeSnapshot,
     tracked: TrackedPod | None,
@@ -149,8 +143,9 @@ def check_commit(
     reasons: Counter[str] = Counter()
     considered = 0
     phases = _phases(kinds, positional, released)
-    for uuid, usage in new_usage.items():
-        if not _grows(usage, old_here.get(uuid)):
+    grown = usage_growth(old_here, new_usage)
+    for uuid in new_usage:
+        if uuid not in grown:
             continue
         considered += 1
         device = devices.get(uuid)

@@ -60,6 +60,11 @@ class Usage:
     def is_zero(self) -> bool:
         return self.mem <= 0 and self.cores <= 0 and self.slots <= 0
 
+    @property
+    def counted(self) -> Usage:
+        """This stored usage as a node snapshot counts it (d.2: `Used += max(Slots, 1)`)."""
+        return Usage(self.mem, self.cores, max(self.slots, 1))
+
 
 PodUsage = Mapping[str, Usage]
 """A pod's usage per physical GPU UUID (the collapsed or steady-state view of its reservation)."""
@@ -144,7 +149,7 @@ class NodeSnapshot:
         for uuid, u in usage.items():
             device = devices.get(uuid)
             if device is not None:
-                device.add(Usage(u.mem, u.cores, max(u.slots, 1)))
+                device.add(u.counted)
 
     def usage_table(self) -> dict[str, dict[str, int]]:
         return {d.info.id: d.as_dict() for d in self.devices}

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from shared.core.fit import FitOptions, fit_pod
 from shared.core.keys import NODE_POLICY, SCORE_WEIGHT_FACTOR
-from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Mapping, Sequence
+    from collections.abc import Hashable, Iterable, Mapping, Sequence
 
     from shared.core.config import CoreConfig
+    from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
     from shared.core.quota import QuotaProbe
     from shared.core.requests import ContainerRequest
 
@@ -89,7 +89,31 @@ def without_pod(node: NodeSnapshot, usage: PodUsage) -> NodeSnapshot:
     for uuid, u in usage.items():
         device = devices.get(uuid)
         if device is not None:
-            device.subtract(Usage(u.mem, u.cores, max(u.slots, 1)))
+            device.subtract(u.counted)
+    return copy
+
+
+def usage_growth(old: PodUsage, new: PodUsage) -> dict[str, Usage]:
+    """What replacing a pod's stored usage `old` by `new` adds on each device, as a snapshot
+    counts it; devices where it does not grow are left out (what it frees is not given back)."""
+    grown: dict[str, Usage] = {}
+    for uuid, after in new.items():
+        before = old.get(uuid)
+        extra = after.counted if before is None else after.counted.clamp_sub(before.counted)
+        if not extra.is_zero:
+            grown[uuid] = extra
+    return grown
+
+
+def with_added(node: NodeSnapshot, additions: Iterable[PodUsage]) -> NodeSnapshot:
+    """A copy of `node` with each of `additions` (already counted per device) added."""
+    copy = node.copy()
+    devices = copy.by_uuid()
+    for added in additions:
+        for uuid, u in added.items():
+            device = devices.get(uuid)
+            if device is not None:
+                device.add(u)
     return copy
 
 

@@ -431,7 +431,7 @@ def preload(
         if uuid not in allowed:
             remaining = without_usage.get(uuid)
             if remaining is not None:
-                device.add(Usage(remaining.mem, remaining.cores, max(remaining.slots, 1)))
+                device.add(remaining.counted)
             continue
         rows: dict[int, ContainerEntry] = {
             p: tuple(d for d in entry if d.uuid == uuid) for p, entry in enumerate(without)

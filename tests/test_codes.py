@@ -11,38 +11,12 @@ import pytest
 from shared import codes
 from shared.codes import Code
 from shared.core import refit as core_refit
+from tests.design import DESIGN_REFIT_CODES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-
-DESIGN_REFIT_CODES = (
-    "moved",
-    "already_aligned",
-    "invalid_request",
-    "unknown_device_type",
-    "unsupported_device_type",
-    "pod_not_tracked",
-    "pod_mismatch",
-    "node_mismatch",
-    "container_out_of_range",
-    "container_name_mismatch",
-    "annotation_invalid",
-    "nothing_pending",
-    "nothing_recorded",
-    "heterogeneous_reservation",
-    "node_unavailable",
-    "mig_unsupported",
-    "invalid_scoring_weights",
-    "no_fit",
-    "quota_exceeded",
-    "conflict",
-    "deadline_exceeded",
-    "api_error",
-    "unauthorized",
-)
-"""DESIGN.md, "Fixed contracts": a refit reply's codes."""
 
 REFUSING_CALLS = {"Refused", "SnapshotRefused", "_refusal", "_from_accounting"}
 """Calls whose first argument is a reply code (svc_accounting, svc_refit)."""

@@ -16,35 +16,13 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.design import DESIGN_REFIT_FAILURES
 from tests.integration.harness import Harness, harness
 from tests.refit.helpers import raw_refit, still_serving, worked_objects
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-DESIGN_FAILURE_CODES = {
-    "invalid_request",
-    "unknown_device_type",
-    "unsupported_device_type",
-    "pod_not_tracked",
-    "pod_mismatch",
-    "node_mismatch",
-    "container_out_of_range",
-    "container_name_mismatch",
-    "annotation_invalid",
-    "nothing_pending",
-    "nothing_recorded",
-    "heterogeneous_reservation",
-    "node_unavailable",
-    "mig_unsupported",
-    "invalid_scoring_weights",
-    "no_fit",
-    "quota_exceeded",
-    "conflict",
-    "deadline_exceeded",
-    "api_error",
-    "unauthorized",
-}
 PAST_THE_POD = {
     "node_mismatch",
     "pod_mismatch",
@@ -173,7 +151,7 @@ async def test_malformed_refits_are_refused_and_change_nothing(
         async def one(token: str, payload: bytes) -> None:
             reply = await raw_refit(h, token, payload, within=5)
             assert reply["succeeded"] is False, (token[:40], payload[:300], reply)
-            assert reply["code"] in DESIGN_FAILURE_CODES, reply
+            assert reply["code"] in DESIGN_REFIT_FAILURES, reply
             assert isinstance(reply["failureReason"], str)
             assert len(reply["failureReason"]) <= 512
             seen[reply["code"]] = seen.get(reply["code"], 0) + 1

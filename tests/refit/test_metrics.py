@@ -9,38 +9,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from svc_refit.metrics import RefitMetrics
-
-DESIGN_CODES = [
-    "moved",
-    "already_aligned",
-    "invalid_request",
-    "unknown_device_type",
-    "unsupported_device_type",
-    "pod_not_tracked",
-    "pod_mismatch",
-    "node_mismatch",
-    "container_out_of_range",
-    "container_name_mismatch",
-    "annotation_invalid",
-    "nothing_pending",
-    "nothing_recorded",
-    "heterogeneous_reservation",
-    "node_unavailable",
-    "mig_unsupported",
-    "invalid_scoring_weights",
-    "no_fit",
-    "quota_exceeded",
-    "conflict",
-    "deadline_exceeded",
-    "api_error",
-    "unauthorized",
-]
+from tests.design import DESIGN_REFIT_CODES
 
 
 def test_every_code_and_mode_starts_at_zero() -> None:
     registry = CollectorRegistry()
     RefitMetrics(registry)
-    for code in DESIGN_CODES:
+    for code in DESIGN_REFIT_CODES:
         for mode in ("best-effort", "strict", "unknown"):
             value = registry.get_sample_value(
                 "numafit_refit_requests_total", {"code": code, "mode": mode}

@@ -32,11 +32,13 @@ from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, total
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
-from shared.core.fit import fit_options
+from shared.core.fit import FitOptions, fit_options
 from shared.core.model import NodeSnapshot, Usage
 from shared.core.nodes import (
     MAX_EXTENDER_PRIORITY,
     FitCache,
+    NodePolicy,
+    Placement,
     extender_priority,
     parse_node_policy,
     place_pod,
@@ -171,22 +173,12 @@ class Extender:
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         for attempt in range(1, self.max_attempts + 1):
             tracked, quota, views = await self._state(pod, args.names, deadline)
-            snapshots, stamps = self._snapshots(args.names, views, tracked)
             probe = None
             if quota is not None and quota.limited(pod.namespace):
                 exclude = total(tracked.usage) if tracked is not None else Usage()
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
-            locked = locked_nodes(views, pod.uid, time.time())
-            placement = place_pod(
-                snapshots,
-                requests,
-                pod.kinds,
-                options,
-                policy,
-                probe,
-                locked,
-                cache=self.fit_cache,
-                stamps=stamps,
+            placement = self._place(
+                args.names, views, tracked, pod, requests, options, policy, probe
             )
             if placement.chosen is None:
                 log.info(
@@ -231,6 +223,32 @@ class Extender:
         raise FilterError(
             f"pod {pod.key}: every reservation lost a race with another change "
             f"({self.max_attempts} attempts)"
+        )
+
+    def _place(
+        self,
+        names: tuple[str, ...],
+        views: Mapping[str, NodeView | None],
+        tracked: TrackedPod | None,
+        pod: PodInfo,
+        requests: list[ContainerRequest | None],
+        options: FitOptions,
+        policy: NodePolicy,
+        probe: QuotaProbe | None = None,
+    ) -> Placement:
+        """The node policy's pick among `names`, on cached fits where a node is unchanged,
+        leaving out nodes another pod is still allocating on."""
+        snapshots, stamps = self._snapshots(names, views, tracked)
+        return place_pod(
+            snapshots,
+            requests,
+            pod.kinds,
+            options,
+            policy,
+            probe,
+            locked_nodes(views, pod.uid, time.time()),
+            cache=self.fit_cache,
+            stamps=stamps,
         )
 
     def _snapshots(
@@ -349,18 +367,7 @@ class Extender:
             views = await self.read_model.views(names, self._budget(deadline))
         except (AccountingUnavailable, MessageError, FilterError):
             return host_priority_list(scores)
-        snapshots, stamps = self._snapshots(tuple(views), views, None)
-        locked = locked_nodes(views, pod.uid, time.time())
-        placement = place_pod(
-            snapshots,
-            requests,
-            pod.kinds,
-            options,
-            policy,
-            locked=locked,
-            cache=self.fit_cache,
-            stamps=stamps,
-        )
+        placement = self._place(tuple(views), views, None, pod, requests, options, policy)
         for name, score in placement.scores.items():
             scores[name] = extender_priority(score, policy)
         return host_priority_list(scores)

@@ -103,7 +103,8 @@ async def serve(
             settle_heap()
             # The probe is the loop's own eternal task: should it ever end, the service fails.
             async with Supervisor(f"{name}-runner", on_fatal=readiness.fail) as tasks:
-                tasks.spawn(probe_kube(api, readiness), "kube-api-probe", eternal=True)
+                if api is not None:
+                    tasks.spawn(probe_kube(api, readiness), "kube-api-probe", eternal=True)
                 await _first(stop.wait(), readiness.failed.wait())
         finally:
             await _stop(service, name, settings.grace_seconds, readiness)
@@ -138,7 +139,7 @@ KUBE_PROBE_TIMEOUT = 2.0
 
 
 async def probe_kube(
-    api: client.ApiClient | None, readiness: Readiness, period: float = KUBE_PROBE_PERIOD
+    api: client.ApiClient, readiness: Readiness, period: float = KUBE_PROBE_PERIOD
 ) -> None:
     """Keep `kube-api` readiness in step with whether the API server answers `/version`.
 
@@ -147,9 +148,6 @@ async def probe_kube(
     together, from the same probe. Liveness is unaffected (an API outage must not restart
     every pod).
     """
-    if api is None:
-        await asyncio.Event().wait()  # nothing to probe: wait until cancelled
-        return
     versions = client.VersionApi(api)
     reachable: bool | None = None
     while True:

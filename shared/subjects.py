@@ -83,6 +83,24 @@ def check_name(name: object, what: str = "node name") -> str:
     return name
 
 
+_UID: Final = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]{0,126}[A-Za-z0-9])?")
+
+
+def valid_uid(uid: object) -> bool:
+    """Is `uid` what an API server assigns as `metadata.uid` (a UUID; at most 128 characters of
+    letters, digits and `._:-`)? Bounded, so no request carrying it can outgrow NATS's limit."""
+    return isinstance(uid, str) and _UID.fullmatch(uid) is not None
+
+
+def check_pod(namespace: str, name: str, uid: str) -> None:
+    """A pod's namespace, name and UID are what the API server could hold (they travel in
+    accounting requests, API paths and events), else `InvalidName` naming the field."""
+    check_name(namespace, "pod namespace")
+    check_name(name, "pod name")
+    if not valid_uid(uid):
+        raise InvalidName(f"pod UID {shown(uid)} is not a Kubernetes UID")
+
+
 def valid_token(token: str) -> bool:
     """Is `token` the subject token of some valid node name?"""
     return 0 < len(token) <= MAX_NAME_LENGTH and _TOKEN.fullmatch(token) is not None

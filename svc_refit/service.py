@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -87,8 +86,6 @@ LANDING_WAIT = 0.25
 """Longest wait for the node's next change before the second look at an unanswered move."""
 MIN_COMMIT_BUDGET = 0.02
 """Below this, accounting would refuse to write anyway (its MIN_WRITE_BUDGET)."""
-
-_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]{0,126}[A-Za-z0-9])?")
 
 
 def _share(timeout: float, fraction: float, low: float, high: float) -> float:
@@ -494,7 +491,7 @@ def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
                 f"{what} {subjects.shown(value)} is not a Kubernetes name",
                 event=False,
             )
-    if request.pod_uid and _UID.fullmatch(request.pod_uid) is None:
+    if request.pod_uid and not subjects.valid_uid(request.pod_uid):
         return refused(
             Code.INVALID_REQUEST,
             f"podUID {subjects.shown(request.pod_uid)} is not a Kubernetes UID",

@@ -88,7 +88,6 @@ FAILURE_RESERVE = 0.3
 node's lock is released within the same deadline."""
 EVENT_TIMEOUT = 2.0
 """Longest an Event write may take (events are best effort, off the request path)."""
-MAX_UID_LENGTH = 128
 REMEMBERED_RESERVATIONS = 4096
 """Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
 the annotations its own filter wrote)."""
@@ -144,7 +143,7 @@ class Extender:
         """The `ExtenderFilterResult` and the metric result label."""
         try:
             pod = pod_from_object(args.pod)
-            check_pod_identity(pod.namespace, pod.name, pod.uid)
+            subjects.check_pod(pod.namespace, pod.name, pod.uid)
             requests = pod_requests(pod, self.config)
         except (CoreError, subjects.InvalidName) as exc:
             return error_filter_result(args, f"numafit cannot read the pod: {exc}"), ERROR
@@ -377,7 +376,7 @@ class Extender:
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         """`ExtenderBindingResult` and the metric result label."""
         try:
-            check_pod_identity(args.pod_namespace, args.pod_name, args.pod_uid)
+            subjects.check_pod(args.pod_namespace, args.pod_name, args.pod_uid)
             subjects.check_name(args.node, "Node")
         except subjects.InvalidName as exc:
             return binding_result(f"ExtenderBindingArgs: {exc}"), "invalid_request"
@@ -483,12 +482,3 @@ def check_node_names(names: tuple[str, ...]) -> None:
     """Every candidate must be a Kubernetes node name before any becomes a subject token."""
     for i, name in enumerate(names):
         subjects.check_name(name, f"NodeNames[{i}]")
-
-
-def check_pod_identity(namespace: str, name: str, uid: str) -> None:
-    """The pod's namespace, name and UID travel in accounting requests and events: they must be
-    what the API server could hold (bounded, so no request can exceed NATS's payload limit)."""
-    subjects.check_name(namespace, "pod namespace")
-    subjects.check_name(name, "pod name")
-    if not uid or len(uid) > MAX_UID_LENGTH or not uid.isprintable() or " " in uid:
-        raise subjects.InvalidName(f"pod UID {subjects.shown(uid)} is not a Kubernetes UID")

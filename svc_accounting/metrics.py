@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared import codes, subjects
 from shared.codes import Code
+from shared.service.counters import at_zero
 
 if TYPE_CHECKING:
     from svc_accounting.ledger import NodeLedger
@@ -34,9 +35,7 @@ class AccountingMetrics:
             ["op", "result"],
             registry=self.registry,
         )
-        for op in subjects.ACCOUNTING_OPS:
-            for result in RESULTS:
-                self.commits.labels(op, result)
+        at_zero(self.commits, subjects.ACCOUNTING_OPS, RESULTS)
         self.memory = Gauge(
             "numafit_accounting_device_memory_reserved_mib",
             "GPU memory reserved per device, phase-aware (MiB).",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
+from shared.service.counters import at_zero
 
 if TYPE_CHECKING:
     from shared.codes import Code
@@ -130,12 +131,8 @@ class PluginMetrics:
             registry=self.registry,
         )
         for mode, results in REFIT_RESULTS.items():
-            for result in results:
-                self.refits.labels(mode, result)
-        for result in ALLOCATION_RESULTS:
-            self.allocations.labels(result)
-        for method in CALL_METHODS:
-            self.call_duration.labels(method)
-            self.deadline_exceeded.labels(method)
-        for action in XID_ACTIONS:
-            self.xid_events.labels(action)
+            at_zero(self.refits, (mode,), results)
+        at_zero(self.allocations, ALLOCATION_RESULTS)
+        at_zero(self.call_duration, CALL_METHODS)
+        at_zero(self.deadline_exceeded, CALL_METHODS)
+        at_zero(self.xid_events, XID_ACTIONS)

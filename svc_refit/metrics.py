@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from shared import codes
 from shared.codes import Code
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
+from shared.service.counters import at_zero
 
 MODES = ("best-effort", "strict", "unknown")
 """`mode` label values: the request's mode, `unknown` when the request did not parse."""
@@ -73,15 +74,10 @@ class RefitMetrics:
             "Nodes svc_refit's read model currently holds.",
             registry=self.registry,
         )
-        for code in CODES:
-            for mode in MODES:
-                self.requests.labels(code, mode)
-        for result in COMMIT_RESULTS:
-            self.commit_attempts.labels(result)
-        for result in EVENT_RESULTS:
-            self.events.labels(result)
-        for outcome in UNCERTAIN_OUTCOMES:
-            self.uncertain.labels(outcome)
+        at_zero(self.requests, CODES, MODES)
+        at_zero(self.commit_attempts, COMMIT_RESULTS)
+        at_zero(self.events, EVENT_RESULTS)
+        at_zero(self.uncertain, UNCERTAIN_OUTCOMES)
 
     def commit(self, result: str) -> None:
         self.commit_attempts.labels(result if result in COMMIT_RESULTS else "other").inc()

@@ -1,4 +1,4 @@
-"""Labelled counters exported from the start, at zero.
+"""Labelled counters (and histograms) exported from the start, at zero.
 
 A labelled counter has no series until its first increment, so after a restart an alert ratio
 such as `rate(errors) / rate(total)` evaluates to nothing instead of 0 and a `for:` clause starts
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from prometheus_client import Counter
+    from prometheus_client.metrics import MetricWrapperBase
 
 
-def at_zero(counter: Counter, *values: Iterable[str]) -> None:
+def at_zero(counter: MetricWrapperBase, *values: Iterable[str]) -> None:
     """Create `counter`'s child for every combination of the label values given, one iterable
     per label in the counter's label order."""
     for combination in itertools.product(*(tuple(v) for v in values)):

@@ -174,7 +174,7 @@ class AccountingService:
         drift Events finish, the watches are cancelled (nothing outlives shutdown)."""
         self.readiness.draining = True
         service, self._service = self._service, None
-        await natsconn.stop_service(service)
+        await natsconn.stop_service(self.nc, service)
         await self.supervisor.stop(grace)
 
     async def on_reconnect(self) -> None:

@@ -201,7 +201,7 @@ class RefitService:
     async def stop(self, grace: float) -> None:
         self.readiness.draining = True
         service, self._service = self._service, None
-        await natsconn.stop_service(service)
+        await natsconn.stop_service(self.nc, service)
         # One grace period: requests finish, then the Events they record.
         await self.supervisor.stop(grace)
         await self.read_model.stop()

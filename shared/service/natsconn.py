@@ -167,7 +167,7 @@ async def request(
             delay *= 2
 
 
-async def stop_service(service: Service | None) -> None:
+async def stop_service(nc: Client, service: Service | None) -> None:
     """Stop a `nats.micro` service; on a connection already closed (the reason the service is
     stopping) there is nothing to unsubscribe, and in-flight requests must still finish."""
     if service is None:
@@ -175,9 +175,8 @@ async def stop_service(service: Service | None) -> None:
     try:
         await service.stop()
         # The server must have dropped the endpoints before we return: otherwise it may still
-        # pick this replica from the queue group for a new request (and, since nats-server
-        # 2.10.26, answer "no responders" when the connection then closes under it).
-        await service._client.flush(timeout=1)
+        # pick this replica from the queue group for a new request.
+        await nc.flush(timeout=1)
     except Exception as exc:
         log.info("service endpoints not stopped cleanly", extra={"error": repr(exc)[:200]})
 

@@ -3,10 +3,17 @@
 Pure state (no I/O): the service applies a change here only after the Kubernetes write that
 makes it durable has landed, and every change of a node bumps that node's revision so optimistic
 callers (scheduler, refit) can tell whether their decision is still current.
+
+The one exception is a *held* reservation: the scheduler's filter decision, kept here (and
+published to every reader) without writing the pod, as kube-scheduler keeps an assumed pod in
+its cache. It is written to the pod once, at bind, together with bind-phase `allocating`; one
+that is not bound within its time-to-live expires, and a restart forgets it (the bind then
+fails cleanly and kube-scheduler schedules the pod again).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +29,62 @@ if TYPE_CHECKING:
 
     from shared.core.model import DeviceInfo, NodeSnapshot
     from shared.core.pods import PodInfo
+
+
+RESERVATION_KEYS = (
+    keys.VGPU_NODE,
+    keys.VGPU_TIME,
+    keys.TO_ALLOCATE,
+    keys.ALLOCATED,
+    keys.BIND_PHASE,
+    keys.BIND_TIME,
+)
+"""The annotations a reservation consists of (written together at bind)."""
+
+
+def _reservation_of(pod: PodInfo) -> tuple[str | None, ...]:
+    return tuple(pod.annotations.get(key) for key in RESERVATION_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A reservation accounting holds for a pod that does not carry it yet."""
+
+    node: str
+    allocated: str
+    since: int
+    """Unix seconds of the decision: the pod's `hami.io/vgpu-time` once written."""
+    expires: float
+    """Unix time after which the reservation is dropped unless bound (or renewed)."""
+    pod: PodInfo
+    """The pod as the API server shows it (without the reservation)."""
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        """The reservation's annotations as the bind writes them (less the phase)."""
+        return {
+            keys.VGPU_NODE: self.node,
+            keys.VGPU_TIME: str(self.since),
+            keys.TO_ALLOCATE: self.allocated,
+            keys.ALLOCATED: self.allocated,
+        }
+
+    def overlay(self) -> PodInfo:
+        """The pod as it will be once the reservation is written: what the ledger counts."""
+        annotations = {k: v for k, v in self.pod.annotations.items() if k not in RESERVATION_KEYS}
+        annotations.update(self.annotations)
+        return dataclasses.replace(self.pod, annotations=annotations)
+
+    def superseded_by(self, pod: PodInfo) -> bool:
+        """Does a newer object of the pod end the hold? It does once the pod carries another
+        reservation than the one the hold was made over (the bind's write, or anyone's), is
+        bound, or is ending."""
+        return (
+            _reservation_of(pod) != _reservation_of(self.pod)
+            or bool(pod.node_name)
+            or pod.terminal
+            or pod.deleting
+        )
 
 
 def newer(candidate: str, known: str) -> bool:
@@ -81,6 +144,8 @@ class Ledger:
     nodes: dict[str, NodeLedger] = field(default_factory=dict)
     pod_node: dict[str, str] = field(default_factory=dict)
     quota: QuotaLedger = field(default_factory=QuotaLedger)
+    held: dict[str, Hold] = field(default_factory=dict)
+    """Reservations held for pods that do not carry them yet, by pod UID."""
 
     def node(self, name: str) -> NodeLedger:
         """The node's ledger; a node the ledger does not know reads as an empty, unregistered
@@ -129,6 +194,7 @@ class Ledger:
             return None
         for tracked in ledger.pods.values():
             self.pod_node.pop(tracked.uid, None)
+            self.held.pop(tracked.uid, None)
             self.quota.remove(tracked.pod.namespace, tracked.usage)
         return ledger
 
@@ -144,6 +210,13 @@ class Ledger:
         old = self.tracked(pod.uid)
         if old is not None and not newer(pod.resource_version, old.pod.resource_version):
             return set()  # a stale event must never undo a newer write
+        hold = self.held.get(pod.uid)
+        if hold is not None:
+            if not hold.superseded_by(pod):
+                # The pod changed (labels, say) but still lacks the held reservation: keep it,
+                # over the newer object (whose resourceVersion the bind's write is guarded by).
+                return self._hold(dataclasses.replace(hold, pod=pod))
+            del self.held[pod.uid]
         released = (old is not None and old.released) or pod.init_released()
         entry = None if pod.deleting and pod.terminal else track_pod(pod, released=released)
         if entry is not None and not subjects.valid_name(entry.node):
@@ -165,8 +238,62 @@ class Ledger:
 
     def forget(self, uid: str) -> set[str]:
         """The pod was deleted: release its reservation."""
+        self.held.pop(uid, None)
         old = self.tracked(uid)
         return set() if old is None else self._remove(old)
+
+    # --- held reservations ------------------------------------------------------------------
+
+    def hold(self, pod: PodInfo, node: str, allocated: str, since: int, expires: float) -> set[str]:
+        """Hold a reservation for `pod` on `node` in place of any earlier one: counted on the
+        node (and in the namespace's quota) from now on, written to the pod only at bind.
+        Returns the nodes whose ledger changed."""
+        if node not in self.nodes:
+            raise KeyError(node)  # callers check the node first: requests never create nodes
+        return self._hold(Hold(node, allocated, since, expires, pod))
+
+    def _hold(self, hold: Hold) -> set[str]:
+        overlay = hold.overlay()
+        old = self.tracked(overlay.uid)
+        released = (old is not None and old.released) or overlay.init_released()
+        entry = track_pod(overlay, released=released)
+        if entry is None:  # pragma: no cover - an overlay always carries a reservation
+            raise ValueError(f"pod {overlay.key} cannot hold a reservation")
+        self.held[overlay.uid] = hold
+        if old is not None and old.node == entry.node and _same_reservation(old, entry):
+            self.nodes[entry.node].pods[entry.uid] = entry
+            return set()
+        changed = self._remove(old) if old is not None else set()
+        self._add(entry)
+        return changed | {entry.node}
+
+    def renew(self, uid: str, expires: float) -> None:
+        hold = self.held.get(uid)
+        if hold is not None:
+            self.held[uid] = dataclasses.replace(hold, expires=expires)
+
+    def release(self, uid: str) -> set[str]:
+        """Drop the reservation held for `uid`; what the pod itself carries (an earlier,
+        written reservation) counts again. Returns the nodes whose ledger changed."""
+        hold = self.held.pop(uid, None)
+        if hold is None:
+            return set()
+        old = self.tracked(uid)
+        changed = self._remove(old) if old is not None else set()
+        return changed | self.observe(hold.pod)
+
+    def expire(self, now: float) -> tuple[list[Hold], set[str]]:
+        """Release every held reservation whose time is up (kube-scheduler's assumed pods
+        expire the same way when their bind never comes): those released, and the nodes whose
+        ledger changed."""
+        expired = [h for h in self.held.values() if h.expires <= now]
+        changed: set[str] = set()
+        for hold in expired:
+            changed |= self.release(hold.pod.uid)
+        return expired, changed
+
+    def next_expiry(self) -> float | None:
+        return min((h.expires for h in self.held.values()), default=None)
 
     def _add(self, entry: TrackedPod) -> None:
         # A pod bound to a node not seen yet (the Node watch lags) is an API-server fact too.
@@ -177,7 +304,9 @@ class Ledger:
         self.quota.add(entry.pod.namespace, entry.usage)
 
     def _remove(self, old: TrackedPod) -> set[str]:
-        node = self.nodes[old.node]
+        node = self.nodes.get(old.node)
+        if node is None or old.uid not in node.pods:
+            return set()
         del node.pods[old.uid]
         node.changed()
         del self.pod_node[old.uid]

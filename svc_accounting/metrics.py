@@ -71,6 +71,16 @@ class AccountingMetrics:
             "Pods with a reservation in the ledger.",
             registry=self.registry,
         )
+        self.held = Gauge(
+            "numafit_accounting_held_reservations",
+            "Filter reservations held in the ledger, not yet written to their pod by a bind.",
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "numafit_accounting_reservations_expired",
+            "Held reservations released because no bind came within --reservation-ttl.",
+            registry=self.registry,
+        )
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
 

@@ -76,6 +76,10 @@ log = logging.getLogger("numafit.accounting")
 
 DEFAULT_WRITE_TIMEOUT = 2.0
 """Longest any single API write may take (HAMi bounds its refit patch the same way)."""
+DEFAULT_RESERVATION_TTL = 30.0
+"""Seconds a filter's reservation is held without a bind (kube-scheduler binds within
+milliseconds of its filter, or seconds behind a Permit plugin; a lost bind must not hold GPUs
+for long)."""
 SNAPSHOT_PAGE = 200
 SNAPSHOT_PAGE_MAX = 500
 """Nodes per `_all` snapshot page: 200 nodes of 8 GPUs and no pods is about 300 KiB."""
@@ -178,11 +182,14 @@ class Operations:
         kube: Kube,
         *,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         on_drift: Callable[[str, PodInfo, str], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.kube = kube
         self.write_timeout = write_timeout
+        self.reservation_ttl = reservation_ttl
+        """Seconds a held reservation waits for its bind before it is released."""
         self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         """One lock per node while anyone holds or waits for it: the map never keeps a lock
         nobody uses, so neither made-up nor deleted nodes leave one behind."""
@@ -356,6 +363,14 @@ class Operations:
             raise Refused(Code.POD_NOT_TRACKED, f"pod {shown(uid)} is not tracked")
         return tracked
 
+    def _check_bound(self, tracked: TrackedPod) -> None:
+        """Moves and consumes act on a reservation the pod carries; a held one is not bound."""
+        if tracked.uid in self.ledger.held:
+            raise Refused(
+                Code.INVALID_REQUEST,
+                f"pod {tracked.pod.key} is reserved on node {tracked.node} but not bound yet",
+            )
+
     def _check_fit(
         self,
         node: NodeLedger,
@@ -397,8 +412,10 @@ class Operations:
     # --- operations -------------------------------------------------------------------------
 
     async def reserve(self, name: str, r: ReserveRequest) -> Outcome:
-        """Record the scheduler's decision: vgpu-node, vgpu-time and both allocation
-        annotations (identical at this point), dropping any earlier reservation of the pod."""
+        """Hold the scheduler's decision (in place of any earlier reservation of the pod): the
+        ledger counts it and publishes it at once; the pod is written only at bind, when
+        bind-phase `allocating` writes vgpu-node, vgpu-time and both allocation annotations
+        (identical at this point) in one guarded patch."""
         node = self._known(name)
         revision = r.revision
         if revision != node.revision:
@@ -448,27 +465,41 @@ class Operations:
             raise Refused(Code.POD_MISMATCH, f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
         if pod.terminal:
             raise Refused(Code.INVALID_REQUEST, f"pod {pod.key} has already ended")
+        if pod.node_name:
+            # Bound: its reservation is what it carries. The same decision again is answered
+            # as held; anything else would move GPUs under a pod kubelet may be starting.
+            if pod.node_name == name and pod.annotations.get(keys.ALLOCATED) == value:
+                reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
+                return Outcome(reply, self.ledger.observe(pod))
+            raise Refused(
+                Code.INVALID_REQUEST, f"pod {pod.key} is already bound to node {pod.node_name}"
+            )
         old = self.ledger.tracked(uid)
         released = (old is not None and old.released) or pod.init_released()
         self._check_fit(node, old, rows, pod.kinds, released, pod.namespace, f"pod {pod.key}")
-        if _holds_reservation(pod, name, value):
-            # The same decision again (kube-scheduler retrying a pod): writing would only bump
-            # the pod's resourceVersion, which sends the pod straight back into kube-scheduler's
-            # active queue and defeats its backoff. Nothing changes, nothing is written.
+        now = time.time()
+        expires = now + self.reservation_ttl
+        held = self.ledger.held.get(uid)
+        if held is not None and (held.node, held.allocated) == (name, value):
+            # The same decision again (kube-scheduler retrying a pod): only its time-to-live
+            # is renewed; nothing is published and nothing is written.
+            self.ledger.renew(uid, expires)
+            self._note(self.ledger.observe(pod))
             reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
-            return Outcome(reply, self.ledger.observe(pod))
-        written, changed = await self._patch_pod(
-            pod,
-            {
-                keys.VGPU_NODE: name,
-                keys.VGPU_TIME: str(int(time.time())),
-                keys.TO_ALLOCATE: value,
-                keys.ALLOCATED: value,
-                keys.BIND_PHASE: None,
-                keys.BIND_TIME: None,
-            },
-        )
-        reply = ReserveReply(**self._ok(node), pod_resource_version=written.resource_version)
+            return Outcome(reply, set())
+        if _holds_reservation(pod, name, value):
+            # The pod already carries exactly this reservation (written before this version of
+            # accounting held reservations): it stands, any other held decision gives way, and
+            # nothing is written.
+            changed = self.ledger.release(uid) | self.ledger.observe(pod)
+            reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
+            return Outcome(reply, changed)
+        # The decision is held in the ledger (published to every reader, so the next filter
+        # sees it) without writing the pod: a write would bump its resourceVersion, which sends
+        # the pod straight back into kube-scheduler's active queue. The bind writes it.
+        self.ledger.observe(pod)
+        changed = self.ledger.hold(pod, name, value, int(now), expires)
+        reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
         return Outcome(reply, changed | {name})
 
     async def bind_phase(self, name: str, r: BindPhaseRequest) -> Outcome:
@@ -479,8 +510,28 @@ class Operations:
         if phase not in allowed:
             raise Refused(Code.INVALID_REQUEST, f"phase must be one of {', '.join(allowed)}")
 
+        hold = self.ledger.held.get(r.pod_uid)
+        if hold is not None and phase != keys.PHASE_ALLOCATING:
+            if phase == keys.PHASE_SUCCESS:
+                raise Refused(
+                    Code.INVALID_REQUEST,
+                    f"pod {tracked.pod.key} is reserved but was never bound",
+                )
+            # `failed` before the reservation was written: nothing to write, drop the hold.
+            changed = self.ledger.release(r.pod_uid)
+            self._note(changed)
+            reply = BindPhaseReply(
+                **self._ok(self.ledger.get(name)), pod_resource_version=hold.pod.resource_version
+            )
+            return Outcome(reply, changed | {name})
+
         def plan(current: TrackedPod) -> dict[str, str | None]:
             annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
+            held = self.ledger.held.get(current.uid)
+            if held is not None:
+                # The one write of a reservation: everything the device plugin (and a HAMi
+                # device plugin) reads, with the phase, guarded by the pod's resourceVersion.
+                annotations.update(held.annotations)
             if phase == keys.PHASE_ALLOCATING:
                 now = int(time.time())
                 busy = allocating_pod(node, now, exclude=current.uid)
@@ -513,6 +564,7 @@ class Operations:
         index = r.container_index
         new_pending, new_allocated = r.to_allocate, r.allocated
         tracked = self._tracked_here(node, uid)
+        self._check_bound(tracked)
         if revision != node.revision and (
             not pod_version or pod_version != tracked.pod.resource_version
         ):
@@ -575,6 +627,7 @@ class Operations:
         tracked = self._tracked_here(node, uid) if uid else pending_pod(node)
         if tracked is None:
             raise Refused(Code.NOTHING_PENDING, f"node {name} has no pod waiting for allocation")
+        self._check_bound(tracked)
         devices, requested = r.devices, r.container_index
         known = frozenset(d.id for d in node.devices or ())
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.operations import Operations, bounded
+from svc_accounting.operations import DEFAULT_RESERVATION_TTL, Operations, bounded
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -60,6 +61,8 @@ CONDITIONS = ("ledger", "nats")
 EVENT_TIMEOUT = 2.0
 """Longest the drift Event may take to record (it is informational: never worth waiting on)."""
 WATCH_KINDS = ("pods", "nodes", "resourcequotas")
+EXPIRY_CHECK_SECONDS = 1.0
+"""Held reservations are checked for expiry at least this often."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,8 @@ class AccountingOptions:
     """Seconds: ResourceQuotas are watched; the quota watch is renewed at least this often."""
     write_timeout: float = 2.0
     """Seconds one API write may take."""
+    reservation_ttl: float = DEFAULT_RESERVATION_TTL
+    """Seconds a filter's reservation is held (unwritten) waiting for its bind."""
     event_timeout: float = EVENT_TIMEOUT
     """Seconds the drift Event may take to record."""
     watch_timeout_seconds: int = 300
@@ -94,6 +99,7 @@ def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingServ
             readiness=readiness,
             quota_resync_seconds=chosen.quota_resync_seconds,
             write_timeout=chosen.write_timeout,
+            reservation_ttl=chosen.reservation_ttl,
             event_timeout=chosen.event_timeout,
             watch_timeout_seconds=chosen.watch_timeout_seconds,
         )
@@ -112,6 +118,7 @@ class AccountingService:
         readiness: Readiness | None = None,
         quota_resync_seconds: float = 30.0,
         write_timeout: float = 2.0,
+        reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         event_timeout: float = EVENT_TIMEOUT,
         watch_timeout_seconds: int = 300,
     ) -> None:
@@ -126,7 +133,11 @@ class AccountingService:
         )
         self.ledger = Ledger()
         self.ops = Operations(
-            self.ledger, kube, write_timeout=write_timeout, on_drift=self._record_drift
+            self.ledger,
+            kube,
+            write_timeout=write_timeout,
+            reservation_ttl=reservation_ttl,
+            on_drift=self._record_drift,
         )
         self.quota_resync_seconds = quota_resync_seconds
         """ResourceQuotas are watched; the quota watch is renewed at least this often."""
@@ -145,6 +156,7 @@ class AccountingService:
             self.supervisor.spawn(
                 self._watch_loop(kind, versions[kind]), f"watch-{kind}", eternal=True
             )
+        self.supervisor.spawn(self._expire_loop(), "expire-reservations", eternal=True)
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -235,6 +247,23 @@ class AccountingService:
                     extra={"kind": kind, "error": bounded(repr(exc)), "delay": backoff.delay},
                 )
                 await backoff.wait()
+
+    async def _expire_loop(self) -> None:
+        """Release held reservations whose bind never came, when their time is up (checked at
+        least every EXPIRY_CHECK_SECONDS, so a renewed one is not released early)."""
+        while True:
+            expired, changed = self.ledger.expire(time.time())
+            for hold in expired[:8]:
+                log.info(
+                    "held reservation expired unbound",
+                    extra={"pod": hold.pod.key, "node": hold.node},
+                )
+            if expired:
+                self.metrics.expired.inc(len(expired))
+                await self._publish_changed(changed)
+            due = self.ledger.next_expiry()
+            wait = EXPIRY_CHECK_SECONDS if due is None else due - time.time()
+            await asyncio.sleep(min(max(wait, 0.01), EXPIRY_CHECK_SECONDS))
 
     def _watch_timeout(self, kind: str) -> int:
         if kind == "resourcequotas":
@@ -365,6 +394,7 @@ class AccountingService:
             with contextlib.suppress(Exception):  # a broken connection must not fail the op
                 await self.nc.publish(subjects.usage(node.name), messages.encode(body))
         self.metrics.tracked.set(len(self.ledger.pod_node))
+        self.metrics.held.set(len(self.ledger.held))
 
     # --- requests ---------------------------------------------------------------------------
 

@@ -12,9 +12,14 @@ A pod scheduled again (its earlier reservation is in its annotations) is not cou
 itself: its reservation, as accounting holds it, is taken out of that node's usage and out of
 its namespace's quota usage before fitting. Accounting's reserve replaces it.
 
-Bind sets bind-phase `allocating` through accounting (the device plugin waits for it), then
-creates the Binding. If the Binding fails the phase becomes `failed`, so the node's device
-plugin does not wait for a pod that will not come; the next filter reserves afresh.
+Accounting *holds* a filter's reservation in its ledger (published to every reader at once, so
+concurrent filters see it) without writing the pod. Bind asks accounting for bind-phase
+`allocating`, which writes the whole reservation (vgpu-node, vgpu-time, both allocation
+annotations, bind-phase, bind-time) in one resourceVersion-guarded patch, then creates the
+Binding: two API writes per scheduled pod. A reservation accounting no longer holds (it expired
+unbound, or accounting restarted) fails the bind cleanly and kube-scheduler schedules the pod
+again. If the Binding fails the phase becomes `failed`, so the node's device plugin does not
+wait for a pod that will not come; the next filter reserves afresh.
 """
 
 from __future__ import annotations
@@ -281,7 +286,11 @@ class Extender:
     ) -> tuple[TrackedPod | None, QuotaLedger | None, dict[str, NodeView | None]]:
         """The pod's own earlier reservation, its namespace's quota and the candidates' views,
         fresh enough to decide on."""
-        previous = pod.annotations.get(keys.VGPU_NODE) if keys.ALLOCATED in pod.annotations else ""
+        # The pod's earlier reservation: held by accounting (this replica made it) or written
+        # to the pod by an earlier bind.
+        previous = self._reserved.get(pod.uid) or (
+            pod.annotations.get(keys.VGPU_NODE, "") if keys.ALLOCATED in pod.annotations else ""
+        )
         quota = self.read_model.cached_quota(pod.namespace)
         tracked = None
         # The quota rides along a node snapshot: ask on a node accounting knows, never on a
@@ -391,8 +400,10 @@ class Extender:
         except (AccountingUnavailable, FilterError) as exc:
             return binding_result(f"accounting unavailable: {exc}"), "accounting_unavailable"
         if not reply.ok:
-            # pod_not_tracked / node_mismatch: no reservation there (filter again); conflict:
-            # the node is still allocating another pod (HAMi's node lock; bind again later).
+            # pod_not_tracked / node_mismatch: no reservation there (it expired unbound, or
+            # accounting restarted and forgot it): kube-scheduler schedules the pod again;
+            # conflict: the node is still allocating another pod (HAMi's node lock).
+            self._reserved.pop(args.pod_uid, None)
             code = Code.parse(reply.code)
             detail = (reply.error or "")[:300]
             message = f"cannot bind pod {key} to node {args.node}: {code}: {detail}"

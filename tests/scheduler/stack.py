@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from shared import subjects
 from shared.core import keys
 from shared.messages import SnapshotReply, SnapshotRequest
+from svc_accounting.ledger import RESERVATION_KEYS
 from svc_scheduler.service import SchedulerOptions, SchedulerService, spec
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness
@@ -44,10 +46,34 @@ class Stack:
         result: dict[str, Any] = body
         return result
 
+    async def bind(self, created: dict[str, Any], node_name: str) -> None:
+        """kube-scheduler's bind through the extender, which must succeed."""
+        meta = created["metadata"]
+        args = {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": node_name,
+        }
+        status, body = await self.post("/bind", args)
+        assert (status, body) == (200, {"Error": ""})
+
     async def annotations(self, namespace: str, name: str) -> dict[str, str]:
         current = await self.h.pod(namespace, name)
         result: dict[str, str] = current["metadata"].get("annotations") or {}
         return result
+
+    async def reservation(self, namespace: str, name: str) -> dict[str, str]:
+        """The pod's reservation annotations as accounting holds them: held since its filter
+        (not yet on the pod) or written by its bind; empty when it has none."""
+        uid = (await self.h.pod(namespace, name))["metadata"]["uid"]
+        reply = await self.h.client.ask(
+            SnapshotRequest(node=subjects.ALL_NODES, pod_uid=uid, limit=1), SnapshotReply
+        )
+        if not reply.pod:
+            return {}
+        annotations = reply.pod.pod.metadata.annotations
+        return {k: v for k, v in annotations.items() if k in RESERVATION_KEYS}
 
     async def revision(self, node_name: str) -> int:
         reply = await self.h.client.ask(SnapshotRequest(node=node_name), SnapshotReply)

@@ -27,7 +27,7 @@ async def still_serving(s: Stack) -> None:
     created = await s.h.create("pod", pending_pod(name, mem=1000))
     result = await s.filter(created, ["node-1"])
     assert result["NodeNames"] == ["node-1"], result
-    assert (await s.annotations("ml", name))[keys.VGPU_NODE] == "node-1"
+    assert (await s.reservation("ml", name))[keys.VGPU_NODE] == "node-1"
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ async def test_filter_refuses_names_that_are_not_node_names(
         assert status == 200, body
         assert "NodeNames" in body["Error"] and body["NodeNames"] == []
         assert len(body["Error"]) < 400  # the 5000 characters are not echoed back
-        assert keys.VGPU_NODE not in await s.annotations("ml", "train")
+        assert keys.VGPU_NODE not in await s.reservation("ml", "train")
         await still_serving(s)
 
 

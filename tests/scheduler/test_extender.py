@@ -37,8 +37,10 @@ async def test_filter_cache_mode_reserves_and_explains_refused_nodes(
             "FailedAndUnresolvableNodes": {},
             "Error": "",
         }
-        # The reservation landed on the pod through accounting.
-        annotations = await s.annotations("ml", "train")
+        # Accounting holds the reservation (published to every reader); the pod itself is
+        # not written until bind.
+        assert keys.VGPU_NODE not in await s.annotations("ml", "train")
+        annotations = await s.reservation("ml", "train")
         assert annotations[keys.VGPU_NODE] == "node-1"
         assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"
         assert annotations[keys.TO_ALLOCATE] == "GPU-a,NVIDIA,20000,30:;"
@@ -78,7 +80,7 @@ async def test_filter_when_no_node_fits_lists_every_reason(nats_url: str, tmp_pa
             "no-gpus": "node unregistered",
         }
         assert result["Error"] == ""
-        assert keys.VGPU_NODE not in await s.annotations("ml", "huge")
+        assert keys.VGPU_NODE not in await s.reservation("ml", "huge")
         assert counter(s, "numafit_scheduler_filter_total", result="no_fit") == 1
 
 
@@ -186,7 +188,7 @@ async def test_filter_excludes_the_pods_own_earlier_reservation(
         again = await s.h.pod("ml", "train")
         result = await s.filter(again, ["node-1"])
         assert result["NodeNames"] == ["node-1"], result
-        annotations = await s.annotations("ml", "train")
+        annotations = await s.reservation("ml", "train")
         assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,30000,30:;"
         reply = await s.h.client.ask(SnapshotRequest(node="node-1"), SnapshotReply)
         assert reply.nodes is not None
@@ -234,7 +236,7 @@ async def test_reserve_conflict_recomputes_on_fresh_state(nats_url: str, tmp_pat
         assert race.raced
         assert result["NodeNames"] == ["node-2"], result
         assert result["FailedNodes"] == {"node-1": "1/1 CardInsufficientMemory"}
-        assert (await s.annotations("ml", "train"))[keys.VGPU_NODE] == "node-2"
+        assert (await s.reservation("ml", "train"))[keys.VGPU_NODE] == "node-2"
         assert counter(s, "numafit_scheduler_reserve_attempts_total", result="conflict") == 1
         assert counter(s, "numafit_scheduler_reserve_attempts_total", result="ok") == 1
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
 from tests.builders import gpu, node
-from tests.scheduler.stack import Stack, pending_pod, reserved_pod, stack
+from tests.scheduler.stack import pending_pod, reserved_pod, stack
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -27,20 +27,11 @@ def fuller_and_idle() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-async def bind(s: Stack, created: dict[str, Any], node_name: str) -> None:
-    meta = created["metadata"]
-    status, body = await s.post(
-        "/bind",
-        {"PodName": meta["name"], "PodNamespace": "ml", "PodUID": meta["uid"], "Node": node_name},
-    )
-    assert (status, body) == (200, {"Error": ""})
-
-
 async def test_filter_skips_a_node_locked_by_another_pod(nats_url: str, tmp_path: Path) -> None:
     async with stack(nats_url, tmp_path, fuller_and_idle()) as s:
         a = await s.h.create("pod", pending_pod("a", mem=5000, cores=10))
         assert (await s.filter(a, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
-        await bind(s, a, "node-1")
+        await s.bind(a, "node-1")
         assert (await s.annotations("ml", "a"))[keys.BIND_PHASE] == keys.PHASE_ALLOCATING
 
         # node-1 is fuller, but it is allocating pod a: b goes to the free node.
@@ -48,7 +39,7 @@ async def test_filter_skips_a_node_locked_by_another_pod(nats_url: str, tmp_path
         result = await s.filter(b, ["node-1", "node-2"])
         assert result["NodeNames"] == ["node-2"], result
         assert result["FailedNodes"] == {"node-1": LOCKED}
-        assert (await s.annotations("ml", "b"))[keys.VGPU_NODE] == "node-2"
+        assert (await s.reservation("ml", "b"))[keys.VGPU_NODE] == "node-2"
 
         # Only the locked node: no node, and FailedNodes says why.
         again = await s.h.pod("ml", "b")
@@ -82,7 +73,7 @@ async def test_a_locked_node_keeps_exact_reasons_for_the_others(
     async with stack(nats_url, tmp_path, objects) as s:
         a = await s.h.create("pod", pending_pod("a", mem=5000, cores=10))
         assert (await s.filter(a, ["node-1"]))["NodeNames"] == ["node-1"]
-        await bind(s, a, "node-1")
+        await s.bind(a, "node-1")
         b = await s.h.create("pod", pending_pod("b", mem=5000, cores=10))
         result = await s.filter(b, ["node-1", "node-3"])
         assert result["NodeNames"] == []

@@ -83,8 +83,16 @@ async def test_scheduler_process_serves_and_drains(
             assert answer.status == 200
             result = await answer.json()
         assert result["NodeNames"] == ["node-1"], result
+        meta = created["metadata"]
+        bind = {"PodName": "train", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "node-1"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{listen_port}/bind", json=bind) as answer,
+        ):
+            assert (answer.status, await answer.json()) == (200, {"Error": ""})
         current = await kube.get_pod("ml", "train")
         assert current["metadata"]["annotations"][keys.VGPU_NODE] == "node-1"
+        assert current["spec"]["nodeName"] == "node-1"
     finally:
         await api.close()
 

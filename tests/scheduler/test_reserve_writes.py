@@ -1,47 +1,164 @@
-"""A filter that decides what the pod already holds writes nothing.
+"""A filter writes nothing; the bind writes the reservation once, then the Binding.
 
 kube-scheduler puts a pod that was updated while it was being scheduled straight back into its
-active queue; a reserve that rewrote `hami.io/vgpu-time` on every retry therefore defeated its
-backoff (seen on a real kube-scheduler: hundreds of "already present in the active queue").
+active queue; a reserve that rewrote the pod on every filter therefore defeated its backoff (seen
+on a real kube-scheduler: hundreds of "already present in the active queue"). Accounting holds a
+filter's reservation in its ledger instead, publishes it to every reader, and writes it to the
+pod at bind in one resourceVersion-guarded patch. One that is never bound expires.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
-from tests.scheduler.stack import pending_pod, stack, two_nodes
+from shared.messages import SnapshotReply, SnapshotRequest
+from tests.builders import gpu, node
+from tests.integration.harness import wait_for
+from tests.metrics import sample
+from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+RESERVATION = (
+    keys.VGPU_NODE,
+    keys.VGPU_TIME,
+    keys.TO_ALLOCATE,
+    keys.ALLOCATED,
+    keys.BIND_PHASE,
+    keys.BIND_TIME,
+)
 
-async def test_the_same_decision_again_writes_nothing(nats_url: str, tmp_path: Path) -> None:
+
+async def pod_usage(s: Stack, node_name: str) -> int:
+    """Memory the scheduler's read model counts on the node (MiB)."""
+    view = s.scheduler.read_model.view(node_name)
+    assert view is not None and view.snapshot is not None
+    return sum(d.usedmem for d in view.snapshot.devices)
+
+
+async def test_a_filter_holds_the_reservation_without_writing_the_pod(
+    nats_url: str, tmp_path: Path
+) -> None:
     async with stack(nats_url, tmp_path, two_nodes()) as s:
         created = await s.h.create("pod", pending_pod("train"))
+        version = created["metadata"]["resourceVersion"]
         first = await s.filter(created, ["node-1", "node-2"])
         assert first["NodeNames"] == ["node-1"]
-        # The reservation was made a while ago (a rewrite now would carry another vgpu-time).
-        assert s.h.kube is not None
-        reserved = await s.h.kube.patch_pod_annotations("ml", "train", {keys.VGPU_TIME: "1"}, "")
-        version = reserved["metadata"]["resourceVersion"]
-        # kube-scheduler retries the pod (e.g. after a failed bind elsewhere): same answer...
-        again = await s.filter(reserved, ["node-1", "node-2"])
-        assert again["NodeNames"] == ["node-1"]
+        # Not written...
         after = await s.h.pod("ml", "train")
-        # ...and the pod was not written: same resourceVersion, same annotations.
         assert after["metadata"]["resourceVersion"] == version
-        assert after["metadata"]["annotations"] == reserved["metadata"]["annotations"]
-        assert after["metadata"]["annotations"][keys.VGPU_NODE] == "node-1"
+        assert not set(RESERVATION) & set(after["metadata"].get("annotations") or {})
+        # ...but held, and counted by every reader at once.
+        held = await s.reservation("ml", "train")
+        assert held[keys.VGPU_NODE] == "node-1"
+        assert held[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"
+        assert await pod_usage(s, "node-1") == 20000
+        assert s.h.accounting is not None
+        registry = s.h.accounting.metrics.registry
+        assert sample(registry, "numafit_accounting_held_reservations") == 1
+
+        # kube-scheduler retries the pod: the same decision publishes nothing new.
+        revision = await s.revision("node-1")
+        again = await s.filter(after, ["node-1", "node-2"])
+        assert again["NodeNames"] == ["node-1"]
+        assert await s.revision("node-1") == revision
+        assert (await s.h.pod("ml", "train"))["metadata"]["resourceVersion"] == version
 
 
-async def test_a_different_decision_is_written(nats_url: str, tmp_path: Path) -> None:
+async def test_a_different_decision_moves_the_held_reservation(
+    nats_url: str, tmp_path: Path
+) -> None:
     async with stack(nats_url, tmp_path, two_nodes(small_mem=40000)) as s:
         created = await s.h.create("pod", pending_pod("train"))
         assert (await s.filter(created, ["node-1"]))["NodeNames"] == ["node-1"]
-        reserved = await s.h.pod("ml", "train")
-        # Only node-2 is a candidate now: the reservation moves, so the pod is written.
-        assert (await s.filter(reserved, ["node-2"]))["NodeNames"] == ["node-2"]
+        # Only node-2 is a candidate now: the reservation moves; still nothing is written.
+        assert (await s.filter(created, ["node-2"]))["NodeNames"] == ["node-2"]
         after = await s.h.pod("ml", "train")
-        assert after["metadata"]["resourceVersion"] != reserved["metadata"]["resourceVersion"]
-        assert after["metadata"]["annotations"][keys.VGPU_NODE] == "node-2"
+        assert after["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+        assert (await s.reservation("ml", "train"))[keys.VGPU_NODE] == "node-2"
+        await wait_for(lambda: _usage_is(s, "node-1", 0), within=5)
+        assert await pod_usage(s, "node-2") == 20000
+
+
+def _usage_is(s: Stack, node_name: str, mib: int) -> bool:
+    view = s.scheduler.read_model.view(node_name)
+    return (
+        view is not None
+        and view.snapshot is not None
+        and (sum(d.usedmem for d in view.snapshot.devices) == mib)
+    )
+
+
+async def test_the_bind_writes_the_whole_reservation_in_one_patch(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        created = await s.h.create("pod", pending_pod("train"))
+        assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        before = int(created["metadata"]["resourceVersion"])
+        await s.bind(created, "node-1")
+        bound = await s.h.pod("ml", "train")
+        annotations = bound["metadata"]["annotations"]
+        # What the device plugin (ours or HAMi's) reads, exactly as a written reservation.
+        assert annotations[keys.VGPU_NODE] == "node-1"
+        assert annotations[keys.TO_ALLOCATE] == "GPU-a,NVIDIA,20000,30:;"
+        assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"
+        assert annotations[keys.BIND_PHASE] == keys.PHASE_ALLOCATING
+        assert annotations[keys.VGPU_TIME].isdigit() and annotations[keys.BIND_TIME].isdigit()
+        assert bound["spec"]["nodeName"] == "node-1"
+        # Two writes since the filter: the guarded patch and the Binding (the emulator's
+        # resourceVersions count writes cluster-wide; nothing else wrote meanwhile).
+        assert int(bound["metadata"]["resourceVersion"]) - before == 2
+        assert s.h.accounting is not None
+        registry = s.h.accounting.metrics.registry
+        assert sample(registry, "numafit_accounting_held_reservations") == 0
+
+
+async def test_an_unbound_reservation_expires_and_its_bind_fails_cleanly(
+    nats_url: str, tmp_path: Path
+) -> None:
+    objects = [("node", node("node-1", [gpu("GPU-a", 0)]))]
+    async with stack(nats_url, tmp_path, objects) as s:
+        assert s.h.accounting is not None
+        s.h.accounting.ops.reservation_ttl = 0.3
+        created = await s.h.create("pod", pending_pod("train", mem=30000))
+        assert (await s.filter(created, ["node-1"]))["NodeNames"] == ["node-1"]
+        assert await pod_usage(s, "node-1") == 30000
+        # The bind never came: the GPU is free again, for readers too.
+        await wait_for(lambda: _usage_is(s, "node-1", 0), within=5)
+        assert await s.reservation("ml", "train") == {}
+        registry = s.h.accounting.metrics.registry
+        assert sample(registry, "numafit_accounting_reservations_expired_total") == 1
+        # A late bind is refused with a clear reason and changes nothing.
+        status, body = await bind_answer(s, created, "node-1")
+        assert status == 200 and "pod_not_tracked" in body["Error"], body
+        pod = await s.h.pod("ml", "train")
+        assert not pod["spec"].get("nodeName")
+        assert keys.VGPU_NODE not in (pod["metadata"].get("annotations") or {})
+        # kube-scheduler schedules it again: a fresh reservation.
+        assert (await s.filter(pod, ["node-1"]))["NodeNames"] == ["node-1"]
+        await s.bind(pod, "node-1")
+
+
+async def test_a_restart_forgets_held_reservations_and_the_bind_fails_cleanly(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        created = await s.h.create("pod", pending_pod("train"))
+        assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        assert s.h.accounting is not None
+        await s.h.accounting.stop(1.0)
+        await s.h.start_accounting()
+        reply = await s.h.client.ask(SnapshotRequest(node="node-1"), SnapshotReply)
+        assert reply.nodes is not None and reply.nodes[0].pods == ()
+        status, body = await bind_answer(s, created, "node-1")
+        assert status == 200 and "pod_not_tracked" in body["Error"], body
+        assert not (await s.h.pod("ml", "train"))["spec"].get("nodeName")
+
+
+async def bind_answer(s: Stack, created: dict[str, Any], node_name: str) -> tuple[int, Any]:
+    meta = created["metadata"]
+    args = {"PodName": meta["name"], "PodNamespace": "ml", "PodUID": meta["uid"]}
+    return await s.post("/bind", {**args, "Node": node_name})

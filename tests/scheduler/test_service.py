@@ -89,6 +89,7 @@ async def test_accounting_restart_resyncs_the_read_model(nats_url: str, tmp_path
         model = s.scheduler.read_model
         first = await s.h.create("pod", pending_pod("first"))
         assert (await s.filter(first, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        await s.bind(first, "node-1")  # written to the pod: it survives a restart
         old_epoch = model.epoch
         old = s.h.accounting
         assert old is not None

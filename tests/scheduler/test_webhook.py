@@ -161,7 +161,7 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
             "nvidia.com/gpu": "2",
             "nvidia.com/gpucores": "100",
         }
-        # Annotation writes by accounting (UPDATE) are not judged: the pod can be reserved.
+        # Annotation writes by accounting (UPDATE) are not judged: the pod can be bound.
         result = await s.filter(created, ["node-1", "node-2"])
         assert result["NodeNames"] == [], result  # 2 GPUs: each node has one
         assert result["FailedNodes"] == {
@@ -170,6 +170,7 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
         }
         one = await s.h.create("pod", pending_pod("one", containers=[container("main", 1)]))
         assert (await s.filter(one, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        await s.bind(one, "node-1")  # accounting's UPDATE writes the reservation
         assert (await s.annotations("ml", "one"))[keys.ALLOCATED] == "GPU-a,NVIDIA,40000,100:;"
 
 

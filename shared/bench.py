@@ -12,7 +12,9 @@
   served) per scheduled pod during filter and bind;
 - extender filter latency over HTTP at 100, 1000 and 5000 nodes of 8 GPUs;
 - accounting memory per 10,000 reservations (tracemalloc, retained bytes).
-Everything is real: nats-server, the Kubernetes API emulator, the services in this process.
+Everything is real: nats-server, the Kubernetes API emulator, and accounting, refit and the
+scheduler each in a process of its own, as deployed (so no service queues behind another's work
+on one event loop); the emulator runs in the bench's process, which counts the writes it serves.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -38,14 +41,9 @@ from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
 from shared.kube_emulator.faults import FaultRule, Faults
 from shared.nats_server import NatsServer
-from shared.service import natsconn
-from shared.service.runner import settle_heap
+from shared.service import natsconn, processes
 from shared.service.wiring import InProcess
-from svc_accounting import service as accounting_service
 from svc_accounting.ledger import Ledger
-from svc_refit import service as refit_service
-from svc_scheduler import service as scheduler_service
-from svc_scheduler.service import SchedulerOptions, SchedulerService
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -149,7 +147,11 @@ async def _control_plane(
     scheduler: bool,
     progress: Progress,
     counter: WriteCounter | None = None,
-) -> AsyncIterator[tuple[str, Kube, Client, SchedulerService | None]]:
+) -> AsyncIterator[tuple[str, Kube, Client, str]]:
+    """nats-server, the API emulator (in this process: it stands for the API server and
+    counts the writes it serves) and the services, each in a process of its own as deployed.
+    Yields the NATS URL, an admin API client, a NATS client and the scheduler's URL ("" when
+    no scheduler runs)."""
     with NatsServer() as server:
         emulator = KubeEmulator()
         if counter is not None:
@@ -157,8 +159,8 @@ async def _control_plane(
         async with emulator:
             with tempfile.TemporaryDirectory() as tmp:
                 kubeconfig = emulator.write_kubeconfig(f"{tmp}/kubeconfig")
-                # The services as `numafit run` wires each: own connection, client, registry.
                 wiring = InProcess(server.url, kubeconfig)
+                started: list[processes.ServiceProcess] = []
                 try:
                     admin = await wiring.kube("bench")
                     for number, (kind, obj) in enumerate(objects, 1):
@@ -168,17 +170,28 @@ async def _control_plane(
                             await admin.create_pod("bench", obj)
                         if number % 500 == 0:
                             progress(f"created {number}/{len(objects)} objects")
-                    await wiring.start(accounting_service.spec())
-                    if refit:
-                        await wiring.start(refit_service.spec())
-                    extender = None
-                    if scheduler:
-                        options = SchedulerOptions(host="127.0.0.1", port=0)
-                        extender = await wiring.start(scheduler_service.spec(options))
-                        await extender.read_model.ready.wait()
-                    settle_heap()  # as the service runner does after start-up
-                    yield server.url, admin, await wiring.nats("bench-client"), extender
+                    names = ["accounting", *(["refit"] if refit else [])]
+                    listen = processes.free_port()
+                    for name in [*names, *(["scheduler"] if scheduler else [])]:
+                        extra: tuple[str, ...] = ()
+                        if name == "scheduler":
+                            extra = ("--listen-host", "127.0.0.1", "--listen-port", str(listen))
+                        started.append(
+                            processes.start_service(
+                                name,
+                                nats_url=server.url,
+                                kubeconfig=kubeconfig,
+                                log=Path(tmp) / f"{name}.log",
+                                extra_args=extra,
+                            )
+                        )
+                        # Accounting first: the others read its ledger as they start.
+                        await started[-1].wait_ready()
+                    url = f"http://127.0.0.1:{listen}" if scheduler else ""
+                    yield server.url, admin, await wiring.nats("bench-client"), url
                 finally:
+                    for service in reversed(started):
+                        await service.stop()
                     await wiring.close(1.0)
 
 
@@ -292,7 +305,6 @@ async def bench_scheduling(pods: int, progress: Progress) -> dict[str, Any]:
     async with _control_plane(
         objects, refit=False, scheduler=True, progress=progress, counter=counter
     ) as (_, admin, nc, extender):
-        assert extender is not None
         created = [await admin.get_pod("bench", f"sched-{i:05d}") for i in range(pods)]
         accounting = AccountingClient(nc)
         headers = {"Content-Type": "application/json"}
@@ -302,7 +314,7 @@ async def bench_scheduling(pods: int, progress: Progress) -> dict[str, Any]:
 
             async def post(verb: str, body: dict[str, Any]) -> dict[str, Any]:
                 async with session.post(
-                    f"{extender.url}/{verb}", data=orjson.dumps(body), headers=headers
+                    f"{extender}/{verb}", data=orjson.dumps(body), headers=headers
                 ) as response:
                     answer: dict[str, Any] = await response.json()
                     return answer
@@ -382,11 +394,10 @@ async def bench_filter(node_counts: list[int], filters: int, progress: Progress)
             _nc,
             extender,
         ):
-            assert extender is not None
             pod = await admin.get_pod("bench", "candidate")
             samples: list[float] = []
             async with aiohttp.ClientSession() as session:
-                url = f"{extender.url}/filter"
+                url = f"{extender}/filter"
                 body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
                 for _ in range(filters + 1):
                     start = time.perf_counter()

@@ -8,6 +8,7 @@ node (or one of its GPUs) goes, so a cluster's churn does not leave stale series
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -24,6 +25,16 @@ INTERNAL_ERROR = "internal_error"
 RESULTS = (*(c.value for c in Code if c in codes.ACCOUNTING), INTERNAL_ERROR)
 """Every `result` label of numafit_accounting_commits_total: `ok`, a refusal code (every code
 an accounting reply carries, `shared.codes.ACCOUNTING`) or `internal_error`."""
+
+
+@dataclass
+class _NodeSeries:
+    revision: Gauge
+    drift: Counter
+    devices: dict[str, tuple[Gauge, Gauge, Gauge]] = field(default_factory=dict)
+    """Memory, cores and slots series per GPU."""
+    last: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """The values last set per GPU."""
 
 
 class AccountingMetrics:
@@ -83,6 +94,8 @@ class AccountingMetrics:
         )
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
+        self._children: dict[str, _NodeSeries] = {}
+        """Each node's labelled series, looked up once."""
 
     def result(self, op: str, code: Code | None) -> None:
         """Count one operation: its reply's code, or None when it failed inside accounting."""
@@ -92,30 +105,52 @@ class AccountingMetrics:
         self.commits.labels(op, label).inc()
 
     def node(self, node: NodeLedger) -> None:
-        self.revision.labels(node.name).set(node.revision)
-        self.drift.labels(node.name)
+        """The node's revision and per-GPU usage (called on every publish: the label lookups
+        are cached per node, and a GPU whose usage did not change is not touched)."""
+        name = node.name
+        children = self._children.get(name)
+        if children is None:
+            children = self._children[name] = _NodeSeries(
+                self.revision.labels(name), self.drift.labels(name)
+            )
+        children.revision.set(node.revision)
         snapshot = node.snapshot
         seen: set[str] = set()
         if snapshot is not None:
             for device in snapshot.devices:
                 uuid = device.info.id
                 seen.add(uuid)
-                self.memory.labels(node.name, uuid).set(device.usedmem)
-                self.cores.labels(node.name, uuid).set(device.usedcores)
-                self.slots.labels(node.name, uuid).set(device.used)
-        for uuid in self._devices.get(node.name, set()) - seen:
-            self._remove_device(node.name, uuid)
-        self._devices[node.name] = seen
+                values = (device.usedmem, device.usedcores, device.used)
+                if children.last.get(uuid) == values:
+                    continue
+                series = children.devices.get(uuid)
+                if series is None:
+                    series = children.devices[uuid] = (
+                        self.memory.labels(name, uuid),
+                        self.cores.labels(name, uuid),
+                        self.slots.labels(name, uuid),
+                    )
+                for gauge, value in zip(series, values, strict=True):
+                    gauge.set(value)
+                children.last[uuid] = values
+        for uuid in self._devices.get(name, set()) - seen:
+            self._remove_device(name, uuid)
+        self._devices[name] = seen
 
     def node_gone(self, name: str) -> None:
         """The node left the ledger: remove every series labelled with it."""
         for uuid in self._devices.pop(name, set()):
             self._remove_device(name, uuid)
+        self._children.pop(name, None)
         for metric in (self.revision, self.drift):
             with contextlib.suppress(KeyError):
                 metric.remove(name)
 
     def _remove_device(self, node: str, uuid: str) -> None:
+        children = self._children.get(node)
+        if children is not None:
+            children.devices.pop(uuid, None)
+            children.last.pop(uuid, None)
         for gauge in (self.memory, self.cores, self.slots):
             with contextlib.suppress(KeyError):
                 gauge.remove(node, uuid)

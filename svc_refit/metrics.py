@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from shared import codes
 from shared.codes import Code
 from shared.metrics_buckets import REFIT_LATENCY_BUCKETS
+from shared.service import events
 from shared.service.counters import at_zero
 
 MODES = ("best-effort", "strict", "unknown")
@@ -25,7 +26,7 @@ COMMIT_RESULTS = (
 )
 """`result` of a move sent to accounting: `ok`, a refusal code, `unavailable` (no answer),
 `other` (a code outside DESIGN.md's list)."""
-EVENT_RESULTS = ("recorded", "failed", "dropped")
+EVENT_RESULTS = events.RESULTS
 UNCERTAIN_OUTCOMES = ("landed", "not_landed", "unknown")
 
 

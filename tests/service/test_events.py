@@ -7,7 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, cast
 
 from shared.service import kube_io
-from shared.service.events import EventRecorder
+from shared.service.events import EventRecorder, SpamFilter
 from shared.service.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -106,3 +106,44 @@ async def test_without_a_kubernetes_client_nothing_is_recorded() -> None:
     async with Supervisor("svc") as sup:
         assert not recorder(None, sup, results).record(POD, "Normal", "X", "y")
     assert results == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_object_gets_its_burst_then_one_event_per_refill() -> None:
+    clock = Clock()
+    spam = SpamFilter(burst=3, refill_seconds=300.0, clock=clock)
+    assert [spam.allow("u-1") for _ in range(4)] == [True, True, True, False]
+    assert spam.allow("u-2")  # another object has its own bucket
+    clock.now += 299.0
+    assert not spam.allow("u-1")
+    clock.now += 1.0
+    assert spam.allow("u-1") and not spam.allow("u-1")
+
+
+def test_the_filter_remembers_a_bounded_number_of_objects() -> None:
+    spam = SpamFilter(burst=1, keys=2, clock=Clock())
+    assert spam.allow("a") and spam.allow("b") and spam.allow("c")
+    assert spam.allow("a")  # "a" was forgotten (least recently used): a fresh bucket
+
+
+async def test_events_beyond_an_objects_burst_are_throttled_not_written() -> None:
+    kube = FakeKube()
+    results: list[str] = []
+    async with Supervisor("svc") as sup:
+        events = recorder(kube, sup, results, spam=SpamFilter(burst=2, clock=Clock()))
+        assert events.record(POD, "Normal", "NumaRefitSucceed", "moved")
+        assert events.record(POD, "Normal", "NumaRefitSucceed", "moved")
+        assert not events.record(POD, "Normal", "NumaRefitSucceed", "moved")
+        assert events.record({**POD, "uid": "u-2"}, "Normal", "NumaRefitSucceed", "moved")
+        async with asyncio.timeout(1):
+            while results.count("recorded") < 3:  # noqa: ASYNC110 - the background writes
+                await asyncio.sleep(0.005)
+    assert results.count("throttled") == 1
+    assert len(kube.events) == 3

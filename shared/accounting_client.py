@@ -10,6 +10,7 @@ apply their fallback without catching nats errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, TypeVar
 
@@ -21,7 +22,10 @@ from shared.messages import AccountingReply, AccountingRequest, NodeStateWire, S
 from shared.service import natsconn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
 R = TypeVar("R", bound=AccountingReply)
 
@@ -30,6 +34,9 @@ class AccountingUnavailable(Exception):
     """No accounting replica answered in time (or none is subscribed)."""
 
 
+STATUS_HEADER = "Status"
+NO_RESPONDERS = "503"
+"""nats-server's answer on the reply subject when nobody is subscribed to a request's subject."""
 REPLY_MARGIN = 0.02
 """Seconds kept back from the caller's budget for the reply's trip home."""
 
@@ -92,9 +99,15 @@ class AccountingClient:
     async def every_node(
         self, *, budget: float | None = None, page: int = 200
     ) -> tuple[str, list[NodeStateWire]]:
-        """Accounting's epoch and every node it knows, page by page (one NATS message cannot
-        hold a large cluster), all pages and restarts within one `budget`; starts over when
-        the epoch changes between pages (accounting restarted meanwhile), at most three times."""
+        """Every node accounting knows, each with its epoch set, page by page (one NATS
+        message cannot hold a large cluster), within one `budget`; and the epoch of the run
+        that answered (partitioned accounting: the answering replicas' epochs, joined).
+
+        One replica answers alone. Partitioned replicas all answer the first request, each for
+        the partitions it serves (`partitions` of `partitionCount`); the rest of each one's
+        pages are asked of it alone (`replica`). A partition nobody serves (a takeover under
+        way) makes the snapshot `AccountingUnavailable`: the caller retries. Starts over when a
+        replica's epoch changes between its pages, at most three times."""
         total = self.default_timeout if budget is None else budget
         deadline = time.monotonic() + total
 
@@ -107,24 +120,125 @@ class AccountingClient:
             return remaining
 
         for _ in range(3):
+            first = await self._first_pages(page, left)
             nodes: list[NodeStateWire] = []
-            after, epoch = "", None
-            while True:
-                reply = await self.ask(
-                    messages.SnapshotRequest(after=after, limit=page), SnapshotReply, left()
-                )
-                if not reply.ok:
-                    raise AccountingUnavailable(
-                        f"snapshot refused: {subjects.shown(reply.error or '', 200)}"
+            epochs: list[str] = []
+            restarted = False
+            for reply in first:
+                pages = await self._rest_of(reply, page, left)
+                if pages is None:
+                    restarted = True
+                    break
+                epochs.append(reply.epoch or "")
+                for answer in pages:
+                    default = answer.epoch or ""
+                    nodes.extend(
+                        n if isinstance(n.epoch, str) else msgspec.structs.replace(n, epoch=default)
+                        for n in answer.nodes or ()
                     )
-                if epoch is not None and reply.epoch != epoch:
-                    break  # accounting restarted between pages: start over
-                epoch = reply.epoch
-                nodes.extend(reply.nodes or ())
-                if not reply.more:
-                    return epoch or "", nodes
-                following = reply.next or ""
-                if following <= after:
-                    raise AccountingUnavailable("snapshot pages do not advance")
-                after = following
+            if not restarted:
+                return "+".join(sorted(epochs)), nodes
         raise AccountingUnavailable("accounting kept restarting during a snapshot")
+
+    async def _first_pages(self, page: int, left: Callable[[], float]) -> list[SnapshotReply]:
+        """The first page of every replica: until the replies cover every partition (one
+        unpartitioned reply covers everything)."""
+        request = messages.SnapshotRequest(after="", limit=page)
+        subject = subjects.accounting(request.OP, subjects.ALL_NODES)
+        budget = left()
+        request = msgspec.structs.replace(
+            request, deadline_ms=max(int((budget - REPLY_MARGIN) * 1000), 0)
+        )
+        replies: list[SnapshotReply] = []
+        arrived = asyncio.Event()
+        nobody = asyncio.Event()
+        inbox = self.nc.new_inbox()
+
+        async def collect(msg: Msg) -> None:
+            if msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS:
+                nobody.set()  # the server says no accounting replica is subscribed
+                arrived.set()
+                return
+            try:
+                replies.append(messages.decode(msg.data, SnapshotReply))
+            except messages.MessageError:
+                return
+            arrived.set()
+
+        def covered() -> bool:
+            if any(r.partition_count is None for r in replies if r.ok):
+                return True
+            count = next((r.partition_count for r in replies if r.partition_count), 0)
+            served = {k for r in replies if r.ok for k in r.partitions or ()}
+            return bool(count) and served >= set(range(count))
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            payload = messages.encode(request)
+            asked_at = time.monotonic()
+            await self.nc.publish(subject, payload, reply=inbox)
+            async with asyncio.timeout(budget):
+                while True:
+                    await arrived.wait()
+                    arrived.clear()
+                    if nobody.is_set() and not replies:
+                        if time.monotonic() - asked_at < natsconn.NO_RESPONDERS_GRACE:
+                            # nats-server can say so just before it sees a new subscription.
+                            nobody.clear()
+                            await asyncio.sleep(0.005)
+                            await self.nc.publish(subject, payload, reply=inbox)
+                            continue
+                        raise AccountingUnavailable(f"no accounting service answers {subject}")
+                    refused = next((r for r in replies if not r.ok), None)
+                    if refused is not None:
+                        raise AccountingUnavailable(
+                            f"snapshot refused: {subjects.shown(refused.error or '', 200)}"
+                        )
+                    if covered():
+                        break
+        except TimeoutError as exc:
+            if not replies:
+                raise AccountingUnavailable(
+                    f"no accounting replica answered a snapshot in {budget:.3f}s"
+                ) from exc
+            count = next((r.partition_count for r in replies if r.partition_count), 0)
+            served = {k for r in replies for k in r.partitions or ()}
+            missing = sorted(set(range(count)) - served)
+            raise AccountingUnavailable(
+                f"no accounting replica serves partitions {missing[:16]} (a takeover is under way)"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        # One reply per replica (a late duplicate of the same replica is dropped).
+        unique: dict[str | None, SnapshotReply] = {}
+        for reply in replies:
+            unique.setdefault(reply.replica, reply)
+        return list(unique.values())
+
+    async def _rest_of(
+        self, first: SnapshotReply, page: int, left: Callable[[], float]
+    ) -> list[SnapshotReply] | None:
+        """`first` and the pages after it, asked of the replica that sent it; None when that
+        replica's epoch changed between pages (it restarted: start over)."""
+        pages = [first]
+        reply = first
+        after = ""
+        while reply.more:
+            following = reply.next or ""
+            if following <= after:
+                raise AccountingUnavailable("snapshot pages do not advance")
+            after = following
+            reply = await self.ask(
+                messages.SnapshotRequest(after=after, limit=page, replica=first.replica),
+                SnapshotReply,
+                left(),
+            )
+            if not reply.ok:
+                raise AccountingUnavailable(
+                    f"snapshot refused: {subjects.shown(reply.error or '', 200)}"
+                )
+            if reply.epoch != first.epoch:
+                return None
+            pages.append(reply)
+        return pages

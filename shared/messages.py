@@ -388,22 +388,26 @@ class NodeState:
 
 
 class NodeStateWire(Shape, frozen=True, kw_only=True):
-    """One node of a snapshot reply. `devices` is `null` for a node without inventory."""
+    """One node of a snapshot reply. `devices` is `null` for a node without inventory.
+    `epoch` is the node's own (partitioned accounting: the epoch of its partition's current
+    ownership); absent, the reply's epoch applies."""
 
     node: str
     revision: NonNegative
     devices: tuple[RegisterItem, ...] | None = None
     cordoned: tuple[str, ...]
     pods: tuple[TrackedPodWire, ...]
+    epoch: str | UnsetType = UNSET
 
     @classmethod
-    def from_state(cls, state: NodeStateLike) -> NodeStateWire:
+    def from_state(cls, state: NodeStateLike, epoch: str | None = None) -> NodeStateWire:
         return cls(
             node=state.name,
             revision=state.revision,
             devices=None if state.devices is None else register_items(state.devices),
             cordoned=tuple(sorted(state.cordoned)),
             pods=tuple(TrackedPodWire.from_core(p) for p in state.pods),
+            epoch=UNSET if epoch is None else epoch,
         )
 
     def to_state(self) -> NodeState:
@@ -628,12 +632,18 @@ class SnapshotRequest(AccountingRequest, frozen=True, kw_only=True):
     after: str | None = None
     limit: Positive | None = None
     node: str | None = None
+    replica: str | None = None
+    """On `_all` with partitioned accounting: only this replica answers (the next page)."""
 
 
 class SnapshotReply(AccountingReply, frozen=True, kw_only=True):
     """`nodes` holds the node asked for (none when accounting does not know it), or a page of
     every node with `more` and `next` (the `after` of the next page). `pod` is sent when a
-    podUID was asked for: `null` when the pod is not tracked."""
+    podUID was asked for: `null` when the pod is not tracked.
+
+    Partitioned accounting answers `_all` from every replica, each for the partitions it
+    serves: `replica` names it, `partitions` lists them, `partitionCount` is how many there
+    are (a reader has every node once the replies cover all of them)."""
 
     WHAT: ClassVar[str] = "snapshot reply"
 
@@ -642,6 +652,9 @@ class SnapshotReply(AccountingReply, frozen=True, kw_only=True):
     nodes: tuple[NodeStateWire, ...] | None = None
     pod: TrackedPodWire | UnsetType | None = UNSET
     quota: QuotaWire | None = None
+    replica: str | None = None
+    partitions: tuple[NonNegative, ...] | None = None
+    partition_count: Positive | None = None
 
     def __post_init__(self) -> None:
         if self.ok and self.epoch is None:

@@ -43,7 +43,7 @@ class NatsServer:
         self,
         *,
         port: int | None = None,
-        jetstream: bool = False,
+        jetstream: bool = True,
         startup_timeout: float = 10.0,
         config: Path | None = None,
         env: dict[str, str] | None = None,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from shared import subjects
 from shared.core import codec, keys, lock
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
+from shared.core.partitions import partition_of
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import NodeState
 
@@ -146,6 +147,19 @@ class Ledger:
     quota: QuotaLedger = field(default_factory=QuotaLedger)
     held: dict[str, Hold] = field(default_factory=dict)
     """Reservations held for pods that do not carry them yet, by pod UID."""
+    partition_count: int = 0
+    """Partitioned accounting: the number of partitions (0: this replica owns every node)."""
+    epochs: dict[int, str] = field(default_factory=dict)
+    """Partitioned accounting: the epoch of each partition this replica serves."""
+
+    def partition(self, name: str) -> int | None:
+        return partition_of(name, self.partition_count) if self.partition_count else None
+
+    def epoch_of(self, name: str) -> str:
+        """The epoch a reader knows `name`'s revisions by: this run's, or (partitioned) that of
+        the node's partition's current ownership."""
+        k = self.partition(name)
+        return self.epoch if k is None else self.epochs.get(k, self.epoch)
 
     def node(self, name: str) -> NodeLedger:
         """The node's ledger; a node the ledger does not know reads as an empty, unregistered

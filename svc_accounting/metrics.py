@@ -11,14 +11,17 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared import codes, subjects
 from shared.codes import Code
 from shared.service.counters import at_zero
 
 if TYPE_CHECKING:
+    from svc_accounting.leases import OwnershipChange
     from svc_accounting.ledger import NodeLedger
+
+OWNERSHIP_CHANGES = ("acquired", "released", "lost")
 
 INTERNAL_ERROR = "internal_error"
 """The `result` of an operation that failed inside accounting (answered `api_error`)."""
@@ -92,10 +95,42 @@ class AccountingMetrics:
             "Held reservations released because no bind came within --reservation-ttl.",
             registry=self.registry,
         )
+        self.partitions_total = Gauge(
+            "numafit_accounting_partitions_total",
+            "Partitions the nodes are spread over (0: one replica owns every node).",
+            registry=self.registry,
+        )
+        self.partitions_owned = Gauge(
+            "numafit_accounting_partitions_owned",
+            "Partitions this replica serves now.",
+            registry=self.registry,
+        )
+        self.ownership_changes = Counter(
+            "numafit_accounting_ownership_changes",
+            "Partition ownership changes of this replica: acquired, released (handed over) or "
+            "lost (renewals failed).",
+            ["change"],
+            registry=self.registry,
+        )
+        at_zero(self.ownership_changes, OWNERSHIP_CHANGES)
+        self.takeover = Histogram(
+            "numafit_accounting_takeover_duration_seconds",
+            "Time from taking partitions' leases to serving them (ledger brought up to date).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.unowned = Counter(
+            "numafit_accounting_unowned_requests",
+            "Requests refused because no replica served the node's partition (a takeover).",
+            registry=self.registry,
+        )
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
         self._children: dict[str, _NodeSeries] = {}
         """Each node's labelled series, looked up once."""
+
+    def ownership_change(self, change: OwnershipChange) -> None:
+        self.ownership_changes.labels(change.change).inc()
 
     def result(self, op: str, code: Code | None) -> None:
         """Count one operation: its reply's code, or None when it failed inside accounting."""

@@ -101,6 +101,9 @@ Node object is what brings a node in)."""
 _DEADLINE: ContextVar[Deadline | None] = ContextVar("numafit_accounting_deadline", default=None)
 """The current request's deadline (each request runs in its own task, with its own context)."""
 _OBSERVED: ContextVar[set[str] | None] = ContextVar("numafit_accounting_observed", default=None)
+_NODE: ContextVar[str] = ContextVar("numafit_accounting_node", default="")
+"""The node the current request is for (its writes are allowed only while this replica owns
+the node's partition)."""
 """Nodes whose ledger changed while serving the current request (writes and re-reads)."""
 
 P = TypeVar("P")
@@ -143,6 +146,10 @@ class Refused(Exception):
         self.fit_reasons = fit_reasons
 
 
+class NotAddressed(Exception):
+    """Partitioned accounting: another replica answers this request (no reply from here)."""
+
+
 class _Stale(Exception):
     """409: the pod changed since the resourceVersion the write was based on."""
 
@@ -155,6 +162,10 @@ class Outcome:
     @property
     def code(self) -> Code:
         return Code(self.reply.code)
+
+
+def _everything(_: str) -> bool:
+    return True
 
 
 def _holds_reservation(pod: PodInfo, node: str, allocated: str) -> bool:
@@ -194,6 +205,10 @@ class Operations:
         """One lock per node while anyone holds or waits for it: the map never keeps a lock
         nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.on_drift = on_drift
+        self.serves: Callable[[str], bool] = _everything
+        """Partitioned accounting: does this replica answer for (and write for) the node now?"""
+        self.replica: str | None = None
+        self.served_partitions: Callable[[], tuple[int, ...]] | None = None
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -209,7 +224,7 @@ class Operations:
         return _Head(
             ok=True,
             code=Code.OK,
-            epoch=self.ledger.epoch,
+            epoch=self.ledger.epoch if node is None else self.ledger.epoch_of(node.name),
             node=None if node is None else node.name,
             revision=None if node is None else node.revision,
         )
@@ -254,6 +269,14 @@ class Operations:
         """One guarded write, then the ledger follows what the server returned. A 409 is
         raised as `_Stale` for the caller to decide what it means."""
         budget = self._budget()
+        node = _NODE.get()
+        if node and not self.serves(node):
+            # The lease on the node's partition is past its renew deadline: another replica may
+            # own it any moment, so nothing is written from here any more.
+            raise Refused(
+                Code.NODE_UNAVAILABLE,
+                f"this accounting replica no longer owns node {node}'s partition; retry",
+            )
         try:
             async with asyncio.timeout(budget):
                 body = await self.kube.patch_pod_annotations(
@@ -690,7 +713,9 @@ class Operations:
             # Paged by node name: a whole cluster does not fit one NATS message (1 MiB).
             after = r.after or ""
             limit = min(r.limit or SNAPSHOT_PAGE, SNAPSHOT_PAGE_MAX)
-            names = sorted(n for n in self.ledger.nodes if n > after)
+            if r.replica is not None and r.replica != self.replica:
+                raise NotAddressed(r.replica)
+            names = sorted(n for n in self.ledger.nodes if n > after and self.serves(n))
             page = names[:limit]
             nodes = [self.ledger.nodes[n] for n in page]
             head = self._ok(None)
@@ -706,13 +731,19 @@ class Operations:
         if r.pod_uid:
             tracked = self.ledger.tracked(r.pod_uid)
             pod = None if tracked is None else TrackedPodWire.from_core(tracked)
+        partitioned = self.served_partitions is not None and name == subjects.ALL_NODES
         reply = SnapshotReply(
             **head,
             more=more,
             next=after,
-            nodes=tuple(NodeStateWire.from_state(n.state()) for n in nodes),
+            nodes=tuple(
+                NodeStateWire.from_state(n.state(), self.ledger.epoch_of(n.name)) for n in nodes
+            ),
             pod=pod,
             quota=QuotaWire.from_ledger(self.ledger.quota, r.namespace) if r.namespace else None,
+            replica=self.replica if partitioned else None,
+            partitions=self.served_partitions() if partitioned and self.served_partitions else None,
+            partition_count=self.ledger.partition_count if partitioned else None,
         )
         return Outcome(reply, set())
 
@@ -825,6 +856,7 @@ class Operations:
             self._known(name)
 
     async def _run(self, name: str, request: AccountingRequest) -> Outcome:
+        _NODE.set("" if name == subjects.ALL_NODES else name)
         match request:
             case ReserveRequest():
                 return await self.reserve(name, request)
@@ -846,7 +878,9 @@ class Operations:
         node = self.ledger.get(name) if name else None
         error = bounded(str(refused))
         revision = None if node is None else node.revision
-        epoch = self.ledger.epoch
+        epoch = (
+            self.ledger.epoch_of(name) if name and name != subjects.ALL_NODES else self.ledger.epoch
+        )
         if refused.fit_reasons is not None and issubclass(kind, (ReserveReply, MoveReply)):
             return kind(
                 ok=False,

@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +40,16 @@ from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
+from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL, Leases
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.operations import DEFAULT_RESERVATION_TTL, Operations, bounded
+from svc_accounting.operations import (
+    DEFAULT_RESERVATION_TTL,
+    NotAddressed,
+    Operations,
+    bounded,
+)
+from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -56,7 +66,9 @@ log = logging.getLogger("numafit.accounting")
 
 NAME = "numafit-accounting"
 VERSION = "0.1.0"
-CONDITIONS = ("ledger", "nats")
+CONDITIONS = ("ledger", "nats", "leases")
+PEER_CHECK_SECONDS = 0.3
+"""How long start-up listens for other accounting instances' answers."""
 
 EVENT_TIMEOUT = 2.0
 """Longest the drift Event may take to record (it is informational: never worth waiting on)."""
@@ -80,6 +92,14 @@ class AccountingOptions:
     """Seconds the drift Event may take to record."""
     watch_timeout_seconds: int = 300
     """Seconds one watch request lasts before it is renewed (the API server's timeout)."""
+    partitions: int = DEFAULT_PARTITIONS
+    """Partitions of the nodes, shared by the replicas through leases (0: one replica owns
+    every node, without JetStream)."""
+    lease_ttl: float = DEFAULT_TTL
+    lease_bucket: str = DEFAULT_BUCKET
+    replica_id: str = ""
+    """This replica's name in the lease bucket (default: the host name and process id)."""
+    takeover_wait: float = DEFAULT_TAKEOVER_WAIT
 
 
 def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingService]:
@@ -102,6 +122,11 @@ def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingServ
             reservation_ttl=chosen.reservation_ttl,
             event_timeout=chosen.event_timeout,
             watch_timeout_seconds=chosen.watch_timeout_seconds,
+            partitions=chosen.partitions,
+            lease_ttl=chosen.lease_ttl,
+            lease_bucket=chosen.lease_bucket,
+            replica_id=chosen.replica_id,
+            takeover_wait=chosen.takeover_wait,
         )
 
     return ServiceSpec(NAME, CONDITIONS, build)
@@ -121,6 +146,11 @@ class AccountingService:
         reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         event_timeout: float = EVENT_TIMEOUT,
         watch_timeout_seconds: int = 300,
+        partitions: int = 0,
+        lease_ttl: float = DEFAULT_TTL,
+        lease_bucket: str = DEFAULT_BUCKET,
+        replica_id: str = "",
+        takeover_wait: float = DEFAULT_TAKEOVER_WAIT,
     ) -> None:
         self.nc = nc
         self.kube = kube
@@ -145,6 +175,25 @@ class AccountingService:
         self._service: Service | None = None
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
+        self.replica = replica_id or default_replica_id()
+        self.leases: Leases | None = None
+        if partitions:
+            self.leases = Leases(
+                nc,
+                replica=self.replica,
+                partitions=partitions,
+                ttl=lease_ttl,
+                bucket=lease_bucket,
+                on_acquired=self._take_over,
+                on_released=self._hand_over,
+                on_change=self.metrics.ownership_change,
+            )
+            self.ledger.partition_count = partitions
+            self.metrics.partitions_total.set(partitions)
+        self.ownership = Ownership(self.leases, takeover_wait=takeover_wait)
+        self.ops.serves = self.ownership.serves
+        self.ops.replica = self.replica
+        self.ops.served_partitions = self.ownership.served if partitions else None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -157,25 +206,45 @@ class AccountingService:
                 self._watch_loop(kind, versions[kind]), f"watch-{kind}", eternal=True
             )
         self.supervisor.spawn(self._expire_loop(), "expire-reservations", eternal=True)
+        await self._check_peers()
+        if self.leases is not None:
+            # Take what nobody holds (and bring it up to date) before answering anything.
+            await self.leases.open()
+            await self.leases.step()
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
             version=VERSION,
             description="numafit accounting: owner of every GPU reservation",
+            metadata={
+                "partitions": str(self.ownership.partition_count),
+                "replica": self.replica,
+            },
         )
-        group = service.add_group(
-            name=subjects.ACCOUNTING_PREFIX, queue_group=subjects.ACCOUNTING_QUEUE
+        # One replica: the shared queue group. Partitioned: a queue group of its own, so that
+        # every replica receives every request and the owner of the node's partition answers.
+        queue = (
+            subjects.ACCOUNTING_QUEUE
+            if self.leases is None
+            else f"{subjects.ACCOUNTING_QUEUE}.{self.replica}"
         )
+        group = service.add_group(name=subjects.ACCOUNTING_PREFIX, queue_group=queue)
         for op in subjects.ACCOUNTING_OPS:
             await group.add_endpoint(name=op, subject=f"{op}.*", handler=self._handler(op))
         await self.nc.flush()
         self._service = service
         self.readiness.set("nats")
-        await self.publish(self.ledger.nodes.values())
+        if self.leases is not None:
+            self.supervisor.spawn(self.leases.run(), "leases", eternal=True)
+        else:
+            await self.publish(self.ledger.nodes.values())
+        self.readiness.set("leases")
         log.info(
             "accounting ready",
             extra={
                 "epoch": self.ledger.epoch,
+                "replica": self.replica,
+                "partitions": list(self.ownership.served()) if self.leases else "all",
                 "nodes": len(self.ledger.nodes),
                 "pods": len(self.ledger.pod_node),
             },
@@ -185,6 +254,13 @@ class AccountingService:
         """Stop taking requests, then one grace period for the rest: in-flight requests and
         drift Events finish, the watches are cancelled (nothing outlives shutdown)."""
         self.readiness.draining = True
+        if self.leases is not None:
+            # Hand every partition over at once (the others take them without waiting for a
+            # lease to expire), then stop taking requests.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(grace):
+                    await self.leases.stop()
+            await self.ownership.changed()
         service, self._service = self._service, None
         await natsconn.stop_service(self.nc, service)
         await self.supervisor.stop(grace)
@@ -192,6 +268,58 @@ class AccountingService:
     async def on_reconnect(self) -> None:
         """Readers may have missed updates while the connection was down: republish all."""
         await self.publish(list(self.ledger.nodes.values()))
+
+    # --- partitions -------------------------------------------------------------------------
+
+    async def _check_peers(self) -> None:
+        """Refuse to start beside an accounting instance of another mode (or a second one
+        without partitions): two of them would both answer every node."""
+        try:
+            async with asyncio.timeout(PEER_CHECK_SECONDS):
+                found = await natsconn.peers(self.nc, NAME, PEER_CHECK_SECONDS)
+        except TimeoutError:
+            found = []
+        mine = str(self.ownership.partition_count)
+        for info in found:
+            theirs = str((info.get("metadata") or {}).get("partitions", "0"))
+            if theirs != mine or mine == "0":
+                raise ConnectionError(
+                    f"another accounting instance ({info.get('id', '?')}, partitions "
+                    f"{theirs}) is running; this one has partitions {mine}: "
+                    + (
+                        "run a single replica with --partitions 0, or every replica with the "
+                        "same --partitions (the default)"
+                    )
+                )
+
+    async def _take_over(self, acquired: dict[int, str]) -> None:
+        """Partitions this replica now holds the keys of: bring their nodes up to date from
+        the API server (the watch may lag the previous owner's last writes), give them their
+        new epochs, publish them (readers see the epoch change and refresh), then serve."""
+        started = time.monotonic()
+        self.ledger.epochs.update(acquired)
+        await self._relist("nodes")
+        await self._relist("pods")
+        nodes = [
+            node
+            for node in self.ledger.nodes.values()
+            if self.ledger.partition(node.name) in acquired
+        ]
+        for node in nodes:
+            node.changed()  # a new revision under the new epoch
+        await self.publish(nodes, force=set(acquired))
+        self.metrics.takeover.observe(time.monotonic() - started)
+
+    async def _hand_over(self, released: set[int]) -> None:
+        """Partitions this replica no longer serves: reservations it held there (unwritten)
+        are dropped, so their binds fail cleanly and kube-scheduler schedules them again."""
+        for uid, hold in list(self.ledger.held.items()):
+            if self.ledger.partition(hold.node) in released:
+                self.ledger.release(uid)
+        for k in released:
+            self.ledger.epochs.pop(k, None)
+        await self.ownership.changed()
+        self.metrics.partitions_owned.set(len(self.ownership.served()))
 
     # --- rebuild and watches ----------------------------------------------------------------
 
@@ -374,18 +502,25 @@ class AccountingService:
 
     async def _publish_deleted(self, name: str, revision: int) -> None:
         self.metrics.node_gone(name)
+        if not self.ownership.serves(name):
+            return  # its partition's owner tells the readers
         body = messages.UsageUpdate(
-            epoch=self.ledger.epoch, node=name, revision=revision, devices={}, deleted=True
+            epoch=self.ledger.epoch_of(name), node=name, revision=revision, devices={}, deleted=True
         )
         with contextlib.suppress(Exception):  # a broken connection must not fail the watch
             await self.nc.publish(subjects.usage(name), messages.encode(body))
 
-    async def publish(self, nodes: Iterable[NodeLedger]) -> None:
-        """Each node's revision and per-device usage, for every reader's read model."""
+    async def publish(self, nodes: Iterable[NodeLedger], force: set[int] | None = None) -> None:
+        """Each node's revision and per-device usage, for every reader's read model: only
+        nodes this replica serves (or, `force`, of partitions it is taking over)."""
         for node in nodes:
+            if not self.ownership.serves(node.name) and (
+                force is None or self.ledger.partition(node.name) not in force
+            ):
+                continue
             self.metrics.node(node)
             body = messages.UsageUpdate(
-                epoch=self.ledger.epoch,
+                epoch=self.ledger.epoch_of(node.name),
                 node=node.name,
                 revision=node.revision,
                 devices=messages.usage_entries(node.snapshot),
@@ -395,6 +530,7 @@ class AccountingService:
                 await self.nc.publish(subjects.usage(node.name), messages.encode(body))
         self.metrics.tracked.set(len(self.ledger.pod_node))
         self.metrics.held.set(len(self.ledger.held))
+        self.metrics.partitions_owned.set(len(self.ownership.served()))
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -405,8 +541,17 @@ class AccountingService:
         return handle
 
     async def _serve(self, op: str, request: Request) -> None:
+        token = subjects.last_token(request.subject)
+        admission = await self.ownership.admit(token)
+        if admission is Admission.DROP:
+            return  # the owner of the node's partition answers
+        if admission is Admission.REFUSE:
+            self.metrics.unowned.inc()
+            with contextlib.suppress(Exception):
+                await request.respond(messages.encode(self._unowned(op, token)))
+            return
         try:
-            outcome = await self.ops.handle(op, subjects.last_token(request.subject), request.data)
+            outcome = await self.ops.handle(op, token, request.data)
             if outcome.changed:
                 await self._publish_changed(outcome.changed)
             reply = outcome.reply
@@ -422,6 +567,8 @@ class AccountingService:
                     },
                 )
             await request.respond(messages.encode(reply))
+        except NotAddressed:
+            return  # a page of `_all` asked of another replica
         except Exception:
             log.exception("accounting operation failed", extra={"op": op})
             self.metrics.result(op, None)
@@ -430,6 +577,20 @@ class AccountingService:
                     ok=False, code=Code.API_ERROR, error="internal error"
                 )
                 await request.respond(messages.encode(internal))
+
+    def _unowned(self, op: str, token: str) -> messages.AccountingReply:
+        kinds = messages.OPS.get(op)
+        kind = messages.AccountingReply if kinds is None else kinds[1]
+        k = self.ownership.partition(token)
+        return kind(
+            ok=False,
+            code=Code.NODE_UNAVAILABLE,
+            error=(
+                f"no accounting replica serves node {shown(token)} (partition {k}) yet: a "
+                "takeover is under way; retry"
+            ),
+            epoch=self.ledger.epoch,
+        )
 
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()
@@ -443,6 +604,13 @@ class AccountingService:
             "AllocationDiffersFromReservation",
             message,
         )
+
+
+def default_replica_id() -> str:
+    """The host name (a pod's name in Kubernetes) and the process id: unique per process."""
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    # The random part keeps two instances of one process apart (tests, a restart in place).
+    return f"{host[:40] or 'accounting'}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 def _lock_wire(lock: Lock | None) -> messages.LockWire | None:

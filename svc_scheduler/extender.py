@@ -264,7 +264,6 @@ class Extender:
         """The snapshot each candidate is fitted on, and the stamp (epoch, revision) its fit
         may be cached under: none for the node holding the pod's own earlier reservation (its
         snapshot is a copy without that reservation)."""
-        epoch = self.read_model.epoch
         snapshots: dict[str, NodeSnapshot | None] = {}
         stamps: dict[str, tuple[str | None, int]] = {}
         own = tracked.node if tracked is not None else None
@@ -278,7 +277,7 @@ class Extender:
                 snapshots[name] = without_pod(snapshot, tracked.usage)
                 continue
             snapshots[name] = snapshot
-            stamps[name] = (epoch, view.revision)
+            stamps[name] = (view.epoch, view.revision)
         return snapshots, stamps
 
     async def _state(

@@ -9,7 +9,10 @@ snapshots and fetches what it reports stale.
 The rules:
 
 - before the first snapshot (no epoch yet) updates are ignored: that snapshot includes them;
-- another epoch (accounting restarted): everything is fetched again (`needs_full`);
+- epochs are per node: a node's revisions count within the epoch of the accounting run (or,
+  partitioned, of the partition ownership) that published them. An update under an epoch never
+  seen (accounting restarted, or a replica took a partition over): everything is fetched again
+  (`needs_full`); an update under another epoch than the node's view: that node is stale;
 - a node it does not know, a revision gap, a device set that differs from the inventory it
   holds: that node is stale;
 - a revision bump with unchanged usage: that node is stale too. Such a bump is a change the
@@ -31,6 +34,7 @@ the namespace). Times are given by the caller (`time.monotonic()`), so this stay
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -60,6 +64,8 @@ class NodeView:
     lock: Lock | None = None
     """The pod holding the node's lock (HAMi's: one pod allocating at a time), whatever its
     age: the filter judges the expiry (shared/core/lock.py)."""
+    epoch: str = ""
+    """The epoch the revision counts in (one accounting run, or one partition ownership)."""
 
 
 @dataclass(slots=True)
@@ -68,6 +74,9 @@ class Freshness:
 
     epoch: str | None = None
     """Accounting's epoch of the last snapshot; None until the first has landed."""
+    epochs: set[str] = field(default_factory=set)
+    """Every node epoch a snapshot has shown (an update under another means a new run or a
+    takeover: fetch everything)."""
     needs_full: bool = True
     """Everything must be fetched again (on start, after a reconnect, after a new epoch)."""
     _views: dict[str, NodeView] = field(default_factory=dict)
@@ -110,16 +119,19 @@ class Freshness:
         """Apply one published usage table, or mark the node (or everything) for a fetch."""
         if self.epoch is None:
             return  # the first snapshot is still to come and will include this
-        if update.epoch != self.epoch:
+        if update.epoch not in self.epochs:
             self.needs_full = True
             return
         node = update.node
+        view = self._views.get(node)
+        if view is not None and update.epoch != view.epoch:
+            self._stale.add(node)  # the node's revisions restarted under another epoch
+            return
         if update.deleted:
             self.drop(node)
             return
         if not subjects.valid_name(node):
             return  # accounting only knows Kubernetes node names
-        view = self._views.get(node)
         if view is None or update.revision > view.revision + 1:
             self._stale.add(node)
             return
@@ -130,29 +142,33 @@ class Freshness:
             self._stale.add(node)
             return
         lock = update.allocating.to_core() if update.allocating is not None else None
-        self._views[node] = NodeView(node, update.revision, updated, lock)
+        self._views[node] = NodeView(node, update.revision, updated, lock, update.epoch)
 
     def apply_snapshot(
         self, epoch: str, views: Iterable[NodeView], *, full: bool, asked: str | None = None
     ) -> None:
         """Store a snapshot of every node (`full`) or of the node `asked` for; a node asked for
         and not in it is unknown to accounting: dropped (absent, not stale)."""
-        received = list(views)
-        new_epoch = epoch != self.epoch
+        # A view without its own epoch counts in the snapshot's.
+        received = [v if v.epoch else dataclasses.replace(v, epoch=epoch) for v in views]
         previous = self._views
-        if new_epoch:
-            # Accounting restarted: revisions of its previous run mean nothing any more.
-            self._expected.clear()
-            previous = {}
+        unseen = {v.epoch for v in received} - self.epochs
         if full:
             self._views = {}
             self._stale.clear()
             self.needs_full = False
-        elif new_epoch:
-            self.needs_full = True  # every other view belongs to the previous run
+            self.epochs = {v.epoch for v in received}
+        else:
+            if unseen and self.epoch is not None:
+                self.needs_full = True  # a new run or a takeover: other nodes moved too
+            self.epochs |= unseen
         self.epoch = epoch
         for view in received:
             current = previous.get(view.name)
+            if current is not None and current.epoch != view.epoch:
+                # Revisions of another epoch mean nothing here: what a commit answered too.
+                self._expected.pop(view.name, None)
+                current = None
             if current is not None and view.revision < current.revision:
                 # An update newer than this snapshot was applied while it travelled.
                 self._views[view.name] = current

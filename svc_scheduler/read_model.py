@@ -62,10 +62,22 @@ class PodContext:
     quota: QuotaLedger | None
 
 
-def _views(nodes: Iterable[NodeStateWire]) -> list[NodeView]:
-    """The nodes of a snapshot reply (`MessageError` when one cannot be read)."""
-    states = [n.to_state() for n in nodes]
-    return [NodeView(s.name, s.revision, s.snapshot(), node_lock(s.pods)) for s in states]
+def _views(nodes: Iterable[NodeStateWire], epoch: str = "") -> list[NodeView]:
+    """The nodes of a snapshot reply, each under its own epoch (else the reply's, `epoch`);
+    `MessageError` when one cannot be read."""
+    views = []
+    for wire in nodes:
+        s = wire.to_state()
+        views.append(
+            NodeView(
+                s.name,
+                s.revision,
+                s.snapshot(),
+                node_lock(s.pods),
+                wire.epoch if isinstance(wire.epoch, str) else epoch,
+            )
+        )
+    return views
 
 
 class ReadModel:
@@ -206,7 +218,7 @@ class ReadModel:
     async def _fetch_all(self, budget: float) -> None:
         self.metrics.snapshots.labels("all").inc()
         epoch, nodes = await self.accounting.every_node(budget=budget)
-        self.freshness.apply_snapshot(epoch, _views(nodes), full=True)
+        self.freshness.apply_snapshot(epoch, _views(nodes, epoch), full=True)
         self.metrics.nodes.set(len(self.freshness))
 
     async def _refresh_shared(self, node: str, budget: float) -> None:
@@ -242,7 +254,9 @@ class ReadModel:
             raise AccountingUnavailable(f"snapshot of {node} refused: {error}")
         assert reply.epoch is not None  # both checked by the decoder on `ok`
         assert reply.nodes is not None
-        self.freshness.apply_snapshot(reply.epoch, _views(reply.nodes), full=False, asked=node)
+        self.freshness.apply_snapshot(
+            reply.epoch, _views(reply.nodes, reply.epoch), full=False, asked=node
+        )
         self.metrics.nodes.set(len(self.freshness))
         tracked = reply.pod.to_core() if isinstance(reply.pod, messages.TrackedPodWire) else None
         quota = None

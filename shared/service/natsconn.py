@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
@@ -190,3 +191,17 @@ async def close(nc: Client) -> None:
     except Exception:
         with contextlib.suppress(Exception):
             await nc.close()
+
+
+async def peers(nc: Client, service: str, wait: float) -> list[dict[str, Any]]:
+    """The INFO of a running instance of the NATS micro service `service` (the first that
+    answers `$SRV.INFO.<service>` within `wait` seconds), or none."""
+    try:
+        msg = await nc.request(f"$SRV.INFO.{service}", b"", timeout=wait)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
+        return []
+    try:
+        info = json.loads(msg.data)
+    except ValueError:
+        return []
+    return [info] if isinstance(info, dict) else []

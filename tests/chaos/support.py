@@ -129,6 +129,10 @@ def service(
 ) -> ServiceProcess:
     args = ["--nats-url", nats_url, "--kubeconfig", str(kubeconfig), "--log-format", "json"]
     args += ["--grace-seconds", "3", "--nats-connect-timeout", "10", *extra]
+    if target == "accounting" and "--replica-id" not in extra:
+        # Restarted after a kill under the same name, as a pod's container would be: it takes
+        # its own leases back at once. The bucket is the test's own (tests share a broker).
+        args += ["--replica-id", "accounting-0", "--lease-bucket", f"chaos-{log_dir.name[-40:]}"]
     return ServiceProcess(target, args, log_dir)
 
 

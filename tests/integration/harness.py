@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -42,6 +43,11 @@ class Harness:
         self.client_nc: Client | None = None
         self.kube: Kube | None = None
         self.accounting_reconnected = asyncio.Event()
+        self.accounting_options = accounting_service.AccountingOptions(
+            lease_bucket=f"numafit-test-{uuid.uuid4().hex[:12]}"
+        )
+        """Each harness its own lease bucket: tests share a broker, and a replica a test
+        killed must not hold the next test's partitions until its leases expire."""
 
     async def _kube(self, component: str) -> Kube:
         return await self.wiring.kube(component)
@@ -60,7 +66,9 @@ class Harness:
             self.accounting_reconnected.set()
 
         self.accounting = await self.wiring.start(
-            accounting_service.spec(), client_name="accounting", hooks=[observed]
+            accounting_service.spec(self.accounting_options),
+            client_name="accounting",
+            hooks=[observed],
         )
         return self.accounting
 

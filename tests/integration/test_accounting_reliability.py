@@ -422,7 +422,7 @@ async def test_a_deleted_node_is_dropped_everywhere(nats_url: str, tmp_path: Pat
                 updates.append(orjson.loads((await sub.next_msg(timeout=5)).data))
         last = updates[-1]
         assert last["deleted"] is True and last["devices"] == {}
-        assert last["node"] == "node-2" and last["epoch"] == accounting.ledger.epoch
+        assert last["node"] == "node-2" and last["epoch"] == accounting.ledger.epoch_of("node-2")
 
         assert "node-2" not in accounting.ledger.nodes
         assert "node-2" not in accounting.ops.locks

@@ -56,7 +56,7 @@ class Stack:
             "Node": node_name,
         }
         status, body = await self.post("/bind", args)
-        assert (status, body) == (200, {"Error": ""})
+        assert (status, body) == (200, {"Error": ""}), body
 
     async def annotations(self, namespace: str, name: str) -> dict[str, str]:
         current = await self.h.pod(namespace, name)

@@ -1,0 +1,453 @@
+"""Partition leases in a JetStream key-value bucket: which accounting replica owns which nodes.
+
+Why JetStream KV and not Kubernetes Lease objects: the replicas already depend on NATS for every
+request, the bucket gives per-key revisions (compare-and-set) and expiry by age in one place,
+its state is replicated by the NATS cluster itself (R3 on a 3-server cluster), and a takeover
+costs one NATS round trip instead of an API-server write per partition every few seconds.
+
+The bucket (`--lease-bucket`, default `numafit-accounting`) holds, with a bucket-wide age limit
+of `--lease-ttl` seconds:
+- `member.<replica>`: each replica's heartbeat, rewritten every `ttl/3`; its absence for a TTL
+  means the replica is gone;
+- `partition.<k>`: the owner of partition k, taken with create-if-absent, renewed every `ttl/3`
+  with compare-and-set on the revision it last wrote, gone `ttl` after its last renewal.
+
+Every replica computes the same wanted assignment from the live members (rendezvous hashing,
+shared/core/partitions.py) and converges on it: it takes a wanted partition that has no owner,
+renews what it holds, and releases (deletes) a held partition another live member wants, so
+replicas joining or leaving rebalance without a coordinator.
+
+Safety: a replica stops *serving* a partition once `renew_deadline` (2/3 of the TTL) has passed
+since the last successful renewal was sent, and the key cannot expire before a full TTL after
+that renewal reached the server, so two replicas never serve one partition at the same time
+(as kube-scheduler's leader election stops leading before its lease can expire). The
+resourceVersion precondition on every write remains the last guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js.api import KeyValueConfig, StorageType
+
+from shared.core.partitions import targets
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from nats.aio.client import Client
+    from nats.js.kv import KeyValue
+
+log = logging.getLogger("numafit.accounting")
+
+_T = TypeVar("_T")
+
+DEFAULT_BUCKET = "numafit-accounting"
+DEFAULT_TTL = 6.0
+DEFAULT_PARTITIONS = 16
+RENEW_FRACTION = 1 / 3
+"""Renewals (and heartbeats) every this fraction of the TTL."""
+DEADLINE_FRACTION = 2 / 3
+"""A partition is served only while its last renewal is younger than this fraction of the TTL."""
+KV_TIMEOUT_FRACTION = 1 / 6
+"""One KV request may take at most this fraction of the TTL (it must not eat the deadline)."""
+
+
+class LeaseValue(msgspec.Struct, frozen=True, kw_only=True):
+    """What a partition key says: its owner and the epoch of that ownership."""
+
+    replica: str
+    epoch: str
+    since: float
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(LeaseValue)
+
+
+@dataclass
+class Lease:
+    partition: int
+    revision: int
+    """The KV revision of this replica's last write of the key (the compare-and-set base)."""
+    epoch: str
+    renewed_at: float
+    """Monotonic time the last successful renewal (or the creation) was sent."""
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class OwnershipChange:
+    partition: int
+    change: str
+    """`acquired`, `released` (handed over on purpose) or `lost` (renewals failed)."""
+    epoch: str
+    at: float
+    """Unix time of the change."""
+
+
+class Leases:
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        replica: str,
+        partitions: int = DEFAULT_PARTITIONS,
+        ttl: float = DEFAULT_TTL,
+        bucket: str = DEFAULT_BUCKET,
+        on_acquired: Callable[[dict[int, str]], Awaitable[None]],
+        on_released: Callable[[set[int]], Awaitable[None]],
+        on_change: Callable[[OwnershipChange], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if partitions < 1:
+            raise ValueError("--partitions must be at least 1")
+        if ttl <= 0:
+            raise ValueError("--lease-ttl must be positive")
+        self.nc = nc
+        self.replica = replica
+        self.partitions = partitions
+        self.ttl = ttl
+        self.bucket = bucket
+        self.on_acquired = on_acquired
+        self.on_released = on_released
+        self.on_change = on_change
+        self.clock = clock
+        self.renew_every = ttl * RENEW_FRACTION
+        self.renew_deadline = ttl * DEADLINE_FRACTION
+        self.kv_timeout = max(ttl * KV_TIMEOUT_FRACTION, 0.05)
+        self.held: dict[int, Lease] = {}
+        """Partitions this replica holds the key of."""
+        self.serving: set[int] = set()
+        """Held partitions whose ledgers are rebuilt: requests for their nodes are answered."""
+        self.owners: dict[int, str] = {}
+        """Each partition's owner as last read (any replica)."""
+        self.members: set[str] = set()
+        self._revisions: dict[int, int] = {}
+        """Each owned partition key's revision as last read."""
+        self._kv: KeyValue | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._round = asyncio.Lock()
+        """One round at a time: `stop` never races a round that would take keys again."""
+
+    # --- what callers ask -------------------------------------------------------------------
+
+    def may_serve(self, partition: int) -> bool:
+        """Is this replica the owner of `partition` now, with time left on its lease?"""
+        lease = self.held.get(partition)
+        return (
+            lease is not None
+            and partition in self.serving
+            and self.clock() - lease.renewed_at < self.renew_deadline
+        )
+
+    def epoch(self, partition: int) -> str | None:
+        lease = self.held.get(partition)
+        return lease.epoch if lease is not None else None
+
+    def unowned(self, partition: int) -> bool:
+        """No replica owned `partition` at the last read (a takeover is under way)."""
+        return partition not in self.owners
+
+    def answers_unowned(self) -> bool:
+        """Of the live members, this one answers for partitions nobody owns (so a request in a
+        takeover gap gets one quick refusal instead of a timeout)."""
+        return min({*self.members, self.replica}) == self.replica
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Bind (or create) the bucket: ConnectionError when JetStream is not available."""
+        js = self.nc.jetstream(timeout=max(self.kv_timeout, 1.0))
+        try:
+            try:
+                self._kv = await js.key_value(self.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                self._kv = await self._create(js)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            raise ConnectionError(
+                "JetStream is not enabled on this NATS (accounting keeps its partition leases "
+                "in a JetStream key-value bucket): run nats-server with -js, or run one "
+                "accounting replica with --partitions 0"
+            ) from exc
+        config = (await self._kv.status()).stream_info.config
+        age = config.max_age or 0.0
+        if abs(age - self.ttl) > 0.001:
+            raise ConnectionError(
+                f"lease bucket {self.bucket} expires keys after {age:g}s, not --lease-ttl "
+                f"{self.ttl:g}s: every replica must use the same --lease-ttl (delete the "
+                "bucket to change it)"
+            )
+
+    async def _create(self, js: object) -> KeyValue:
+        # Replicated across the cluster where there is one: R3, else as many as there are.
+        for replicas in (3, 1):
+            try:
+                config = KeyValueConfig(
+                    bucket=self.bucket,
+                    history=1,
+                    ttl=self.ttl,
+                    storage=StorageType.MEMORY,
+                    replicas=replicas,
+                    description="numafit accounting partition leases",
+                )
+                kv: KeyValue = await js.create_key_value(config)  # type: ignore[attr-defined]
+                return kv
+            except nats.js.errors.APIError as exc:
+                if replicas == 1:
+                    raise
+                log.info(
+                    "lease bucket not replicated 3 times; trying 1",
+                    extra={"error": str(exc)[:200]},
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def run(self) -> None:
+        """Converge on the wanted assignment forever (an eternal task of the service)."""
+        watcher = asyncio.create_task(self._watch(), name="lease-watch")
+        try:
+            while not self._stopping:
+                started = self.clock()
+                try:
+                    await self.step()
+                except (nats.errors.Error, TimeoutError, OSError) as exc:
+                    log.warning("lease round failed", extra={"error": str(exc)[:200]})
+                await self._expire_stale()
+                self._wake.clear()
+                wait = self.renew_every - (self.clock() - started)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
+            # Stopped on purpose (`stop`): idle until the service cancels its tasks, so the
+            # end of this eternal task never reads as a failure.
+            await asyncio.Event().wait()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+
+    async def stop(self) -> None:
+        """Hand every partition over at once (stop serving, then delete the keys), and leave."""
+        self._stopping = True
+        self._wake.set()
+        async with self._round:
+            held = set(self.held)
+            if held:
+                await self._release(held, "released", delete=True)
+        kv = self._kv
+        if kv is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.kv_timeout):
+                    await kv.delete(self._member_key(self.replica))
+
+    # --- one round --------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        async with self._round:
+            if not self._stopping:
+                await self._step()
+
+    async def _step(self) -> None:
+        kv = self._require()
+        await self._timed(kv.put(self._member_key(self.replica), self.replica.encode()))
+        await self._read(kv)
+        await self._renew(kv)
+        await self._expire_stale()
+        wanted = targets(self.replica, self.partitions, self.members)
+        extras = {k for k in self.held if k not in wanted}
+        if extras and not self._stopping:
+            # Another live member wants them (it joined): hand them over now.
+            await self._release(extras, "released", delete=True)
+        acquired: dict[int, str] = {}
+        for k in sorted(wanted - set(self.held)):
+            if self.owners.get(k) == self.replica:
+                # Written by an earlier process of this replica (a restart under the same
+                # --replica-id, e.g. the same pod): that process is gone, take it back now.
+                lease = await self._adopt(kv, k)
+            elif k in self.owners:
+                continue  # still someone's: it expires or is handed over
+            else:
+                lease = await self._acquire(kv, k)
+            if lease is not None:
+                acquired[k] = lease.epoch
+        if acquired:
+            await self._start_serving(acquired)
+
+    async def _read(self, kv: KeyValue) -> None:
+        try:
+            keys = await self._timed(kv.keys())
+        except nats.js.errors.NoKeysError:
+            keys = []
+        members: set[str] = set()
+        owners: dict[int, str] = {}
+        revisions: dict[int, int] = {}
+        for key in keys:
+            kind, _, name = key.partition(".")
+            if kind == "member":
+                members.add(name)
+            elif kind == "partition" and name.isdigit() and int(name) < self.partitions:
+                found = await self._get(kv, key)
+                if found is not None:
+                    owners[int(name)] = found[0].replica
+                    revisions[int(name)] = found[1]
+        self.members = members | {self.replica}
+        self.owners = owners
+        self._revisions = revisions
+
+    async def _get(self, kv: KeyValue, key: str) -> tuple[LeaseValue, int] | None:
+        try:
+            entry = await self._timed(kv.get(key))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        try:
+            return _DECODER.decode(entry.value), entry.revision
+        except msgspec.DecodeError:
+            log.warning("unreadable lease ignored", extra={"key": key})
+            return None
+
+    async def _renew(self, kv: KeyValue) -> None:
+        for k, lease in list(self.held.items()):
+            sent = self.clock()
+            value = LeaseValue(replica=self.replica, epoch=lease.epoch, since=lease.since)
+            try:
+                revision = await self._timed(
+                    kv.update(self._partition_key(k), _ENCODER.encode(value), last=lease.revision)
+                )
+            except nats.js.errors.KeyWrongLastSequenceError:
+                # The key changed under us: it expired and someone else took it.
+                await self._release({k}, "lost", delete=False)
+                continue
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                log.warning(
+                    "lease renewal failed",
+                    extra={"partition": k, "error": str(exc)[:200]},
+                )
+                continue
+            lease.revision = revision
+            lease.renewed_at = sent
+
+    async def _expire_stale(self) -> None:
+        """Stop serving partitions whose renewals did not land in time."""
+        now = self.clock()
+        late = {
+            k for k, lease in self.held.items() if now - lease.renewed_at >= self.renew_deadline
+        }
+        if late:
+            await self._release(late, "lost", delete=False)
+
+    async def _acquire(self, kv: KeyValue, k: int) -> Lease | None:
+        sent = self.clock()
+        since = time.time()
+        # The epoch names this ownership: the replica and the time it took the key (a new one on
+        # every takeover, so readers know the node's revisions restarted).
+        epoch = f"{self.replica}.{k}.{int(since * 1000)}"
+        value = LeaseValue(replica=self.replica, epoch=epoch, since=since)
+        try:
+            revision = await self._timed(kv.create(self._partition_key(k), _ENCODER.encode(value)))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None  # taken meanwhile
+        lease = Lease(k, revision, epoch, sent, since)
+        self.held[k] = lease
+        self.owners[k] = self.replica
+        return lease
+
+    async def _adopt(self, kv: KeyValue, k: int) -> Lease | None:
+        revision = self._revisions.get(k)
+        if revision is None:
+            return None
+        sent = self.clock()
+        since = time.time()
+        epoch = f"{self.replica}.{k}.{int(since * 1000)}"
+        value = LeaseValue(replica=self.replica, epoch=epoch, since=since)
+        try:
+            written = await self._timed(
+                kv.update(self._partition_key(k), _ENCODER.encode(value), last=revision)
+            )
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None  # it changed meanwhile: not ours any more
+        lease = Lease(k, written, epoch, sent, since)
+        self.held[k] = lease
+        return lease
+
+    async def _start_serving(self, acquired: dict[int, str]) -> None:
+        try:
+            await self.on_acquired(acquired)
+        except Exception:
+            log.exception("taking partitions over failed; handing them back")
+            await self._release(set(acquired), "released", delete=True)
+            return
+        for k, epoch in acquired.items():
+            if k in self.held:
+                self.serving.add(k)
+                self._changed(k, "acquired", epoch)
+
+    async def _release(self, partitions: set[int], change: str, *, delete: bool) -> None:
+        """Stop serving first, then (when handing over) delete the keys."""
+        serving = partitions & self.serving
+        self.serving -= partitions
+        if serving:
+            with contextlib.suppress(Exception):
+                await self.on_released(serving)
+        kv = self._kv
+        for k in sorted(partitions):
+            lease = self.held.pop(k, None)
+            if lease is None:
+                continue
+            self.owners.pop(k, None)
+            self._changed(k, change, lease.epoch)
+            if delete and kv is not None:
+                with contextlib.suppress(Exception):
+                    await self._timed(kv.delete(self._partition_key(k), last=lease.revision))
+
+    def _changed(self, k: int, change: str, epoch: str) -> None:
+        log.info(
+            f"partition {change}",
+            extra={"partition": k, "replica": self.replica, "epoch": epoch},
+        )
+        if self.on_change is not None:
+            self.on_change(OwnershipChange(k, change, epoch, time.time()))
+
+    async def _watch(self) -> None:
+        """Wake the loop on any change of the bucket (a handed-over key is taken at once
+        instead of at the next round). Best effort: the rounds alone also converge."""
+        kv = self._require()
+        while True:
+            try:
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is not None and entry.operation is not None:
+                        self._wake.set()  # a deletion: maybe ours to take
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("lease watch ended", extra={"error": str(exc)[:200]})
+            await asyncio.sleep(self.renew_every)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _require(self) -> KeyValue:
+        if self._kv is None:
+            raise RuntimeError("the lease bucket is not open")
+        return self._kv
+
+    async def _timed(self, awaitable: Awaitable[_T]) -> _T:
+        async with asyncio.timeout(self.kv_timeout):
+            return await awaitable
+
+    @staticmethod
+    def _partition_key(k: int) -> str:
+        return f"partition.{k}"
+
+    @staticmethod
+    def _member_key(replica: str) -> str:
+        return f"member.{replica}"

@@ -161,6 +161,8 @@ class Leases:
     def answers_unowned(self) -> bool:
         """Of the live members, this one answers for partitions nobody owns (so a request in a
         takeover gap gets one quick refusal instead of a timeout)."""
+        if self._stopping:
+            return False  # it is leaving: the others answer
         return min({*self.members, self.replica}) == self.replica
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -217,12 +219,13 @@ class Leases:
         try:
             while not self._stopping:
                 started = self.clock()
+                # Cleared before the round: a change seen during it wakes the next one at once.
+                self._wake.clear()
                 try:
                     await self.step()
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
                     log.warning("lease round failed", extra={"error": str(exc)[:200]})
                 await self._expire_stale()
-                self._wake.clear()
                 wait = self.renew_every - (self.clock() - started)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))

@@ -95,12 +95,13 @@ class Ownership:
         return Admission.DROP
 
     def _coming(self, k: int) -> bool:
-        """Might this replica answer for partition `k` soon: nobody owns it, or it is one this
-        replica wants and is taking over?"""
+        """Might this replica answer for partition `k` soon: nobody owns it, or this replica
+        wants it (the rebalancing hands it over, or it is rebuilding it now)? Such a request
+        is kept rather than dropped: if the current owner answers it first, the late answer
+        from here is simply not read."""
         leases = self.leases
         if leases is None:
             return False
         if leases.unowned(k):
             return True
-        wanted = targets(leases.replica, leases.partitions, leases.members)
-        return k in wanted and leases.owners.get(k) == leases.replica
+        return k in targets(leases.replica, leases.partitions, leases.members)

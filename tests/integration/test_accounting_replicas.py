@@ -16,6 +16,7 @@ from svc_accounting import service as accounting_service
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import sample
+from tests.ownership import Timeline
 from tests.scheduler.stack import for_create
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class Recorder:
     """Every replica's ownership changes as they happen (its leases' `on_change`)."""
 
     def __init__(self) -> None:
-        self.recorder = Recorder()
+        self.timeline = Timeline()
 
     def hook(self, replica: AccountingService) -> None:
         assert replica.leases is not None

@@ -57,20 +57,41 @@ RENEW_FRACTION = 1 / 3
 """Renewals (and heartbeats) every this fraction of the TTL."""
 DEADLINE_FRACTION = 2 / 3
 """A partition is served only while its last renewal is younger than this fraction of the TTL."""
+OPEN_TIMEOUT = 15.0
+"""Seconds start-up keeps trying to open the lease bucket."""
+EXPIRY_MARGIN = 0.05
+"""Seconds after a key's expected expiry before taking it (the server expires it by its own
+timer)."""
 KV_TIMEOUT_FRACTION = 1 / 6
 """One KV request may take at most this fraction of the TTL (it must not eat the deadline)."""
 
 
 class LeaseValue(msgspec.Struct, frozen=True, kw_only=True):
-    """What a partition key says: its owner and the epoch of that ownership."""
+    """What a partition key says: its owner, the epoch of that ownership, and when it was
+    last written (Unix time by the owner's clock: the others wake at the expiry it implies)."""
 
     replica: str
     epoch: str
     since: float
+    renewed: float = 0.0
+
+
+class MemberValue(msgspec.Struct, frozen=True, kw_only=True):
+    """What a member key says: the replica, the partition count it runs with (all must agree)
+    and when it was written (Unix time)."""
+
+    replica: str
+    partitions: int
+    renewed: float
+
+
+class LeaseConflict(Exception):
+    """The replicas disagree on the partitions: serving on would let two own one node."""
 
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(LeaseValue)
+_MEMBER = msgspec.json.Decoder(MemberValue)
 
 
 @dataclass
@@ -133,6 +154,10 @@ class Leases:
         self.members: set[str] = set()
         self._revisions: dict[int, int] = {}
         """Each owned partition key's revision as last read."""
+        self._expiries: dict[int, float] = {}
+        """When each partition key expires unless renewed (Unix time, from its value)."""
+        self._member_expiries: dict[str, float] = {}
+        """When each other member's key expires unless renewed."""
         self._kv: KeyValue | None = None
         self._wake = asyncio.Event()
         self._stopping = False
@@ -167,15 +192,41 @@ class Leases:
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Bind (or create) the bucket: ConnectionError when JetStream is not available."""
+    async def open(self, within: float = OPEN_TIMEOUT) -> None:
+        """Bind (or create) the bucket, retrying what a cluster says while it settles (a
+        stream leader being elected, replicas starting together): ConnectionError when
+        JetStream is not available or the bucket disagrees with this replica."""
+        deadline = self.clock() + within
+        backoff = 0.05
+        while True:
+            try:
+                await self._open()
+                return
+            except ConnectionError:
+                raise
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                if self.clock() + backoff > deadline:
+                    raise ConnectionError(f"cannot open lease bucket {self.bucket}: {exc}") from exc
+                log.info("lease bucket not ready; retrying", extra={"error": str(exc)[:200]})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def first_round(self) -> None:
+        """The first round before the service answers anything; a failure is logged and left
+        to the rounds that follow (the replica then starts serving nothing)."""
+        try:
+            await self.step()
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            log.warning("first lease round failed", extra={"error": str(exc)[:200]})
+
+    async def _open(self) -> None:
         js = self.nc.jetstream(timeout=max(self.kv_timeout, 1.0))
         try:
             try:
                 self._kv = await js.key_value(self.bucket)
             except nats.js.errors.BucketNotFoundError:
                 self._kv = await self._create(js)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+        except nats.errors.NoRespondersError as exc:
             raise ConnectionError(
                 "JetStream is not enabled on this NATS (accounting keeps its partition leases "
                 "in a JetStream key-value bucket): run nats-server with -js, or run one "
@@ -221,12 +272,20 @@ class Leases:
                 started = self.clock()
                 # Cleared before the round: a change seen during it wakes the next one at once.
                 self._wake.clear()
+                failed = False
                 try:
                     await self.step()
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
+                    failed = True
                     log.warning("lease round failed", extra={"error": str(exc)[:200]})
                 await self._expire_stale()
                 wait = self.renew_every - (self.clock() - started)
+                due = self._next_takeover()
+                if due is not None and not failed:
+                    # Another's key expires before the next round: be there.
+                    wait = min(wait, due - time.time() + EXPIRY_MARGIN)
+                if failed:
+                    wait = max(wait, self.renew_every / 4)  # NATS is struggling: do not spin
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
             # Stopped on purpose (`stop`): idle until the service cancels its tasks, so the
@@ -236,6 +295,19 @@ class Leases:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
+
+    def _next_takeover(self) -> float | None:
+        """When the first key another replica holds (a partition, or its member key) would
+        expire unless renewed: a round then sees whether its owner is gone and who takes its
+        partitions (a partition nobody wants until its old owner's member key is gone too)."""
+        now = time.time()
+        # A key just past its expiry that the last read still saw is gone any moment (the
+        # server's clock, a write a few ms after the estimate): look again shortly, for at
+        # most one round's time, so a clock that disagrees cannot make the rounds spin.
+        horizon = now - self.renew_every
+        due = [at for k, at in self._expiries.items() if k not in self.held and at > horizon]
+        due += [at for at in self._member_expiries.values() if at > horizon]
+        return max(min(due), now + EXPIRY_MARGIN) if due else None
 
     async def stop(self) -> None:
         """Hand every partition over at once (stop serving, then delete the keys), and leave."""
@@ -260,7 +332,8 @@ class Leases:
 
     async def _step(self) -> None:
         kv = self._require()
-        await self._timed(kv.put(self._member_key(self.replica), self.replica.encode()))
+        member = MemberValue(replica=self.replica, partitions=self.partitions, renewed=time.time())
+        await self._timed(kv.put(self._member_key(self.replica), _ENCODER.encode(member)))
         await self._read(kv)
         await self._renew(kv)
         await self._expire_stale()
@@ -292,18 +365,45 @@ class Leases:
         members: set[str] = set()
         owners: dict[int, str] = {}
         revisions: dict[int, int] = {}
+        expiries: dict[int, float] = {}
+        member_expiries: dict[str, float] = {}
         for key in keys:
             kind, _, name = key.partition(".")
             if kind == "member":
+                value = await self._member(kv, key)
+                if value is None:
+                    continue
+                if value.partitions != self.partitions:
+                    raise LeaseConflict(
+                        f"replica {value.replica} runs with --partitions {value.partitions}, "
+                        f"this one with {self.partitions}: every replica must use the same"
+                    )
                 members.add(name)
+                if name != self.replica:
+                    member_expiries[name] = value.renewed + self.ttl
             elif kind == "partition" and name.isdigit() and int(name) < self.partitions:
                 found = await self._get(kv, key)
                 if found is not None:
                     owners[int(name)] = found[0].replica
                     revisions[int(name)] = found[1]
+                    renewed = found[0].renewed or found[0].since
+                    expiries[int(name)] = renewed + self.ttl
         self.members = members | {self.replica}
         self.owners = owners
         self._revisions = revisions
+        self._expiries = expiries
+        self._member_expiries = member_expiries
+
+    async def _member(self, kv: KeyValue, key: str) -> MemberValue | None:
+        try:
+            entry = await self._timed(kv.get(key))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        try:
+            return _MEMBER.decode(entry.value or b"")
+        except msgspec.DecodeError:
+            log.warning("unreadable member ignored", extra={"key": key})
+            return None
 
     async def _get(self, kv: KeyValue, key: str) -> tuple[LeaseValue, int] | None:
         try:
@@ -321,7 +421,9 @@ class Leases:
     async def _renew(self, kv: KeyValue) -> None:
         for k, lease in list(self.held.items()):
             sent = self.clock()
-            value = LeaseValue(replica=self.replica, epoch=lease.epoch, since=lease.since)
+            value = LeaseValue(
+                replica=self.replica, epoch=lease.epoch, since=lease.since, renewed=time.time()
+            )
             try:
                 revision = await self._timed(
                     kv.update(self._partition_key(k), _ENCODER.encode(value), last=lease.revision)
@@ -354,7 +456,7 @@ class Leases:
         # The epoch names this ownership: the replica and the time it took the key (a new one on
         # every takeover, so readers know the node's revisions restarted).
         epoch = f"{self.replica}.{k}.{int(since * 1000)}"
-        value = LeaseValue(replica=self.replica, epoch=epoch, since=since)
+        value = LeaseValue(replica=self.replica, epoch=epoch, since=since, renewed=since)
         try:
             revision = await self._timed(kv.create(self._partition_key(k), _ENCODER.encode(value)))
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -371,7 +473,7 @@ class Leases:
         sent = self.clock()
         since = time.time()
         epoch = f"{self.replica}.{k}.{int(since * 1000)}"
-        value = LeaseValue(replica=self.replica, epoch=epoch, since=since)
+        value = LeaseValue(replica=self.replica, epoch=epoch, since=since, renewed=since)
         try:
             written = await self._timed(
                 kv.update(self._partition_key(k), _ENCODER.encode(value), last=revision)
@@ -413,12 +515,13 @@ class Leases:
                     await self._timed(kv.delete(self._partition_key(k), last=lease.revision))
 
     def _changed(self, k: int, change: str, epoch: str) -> None:
+        at = time.time()
         log.info(
             f"partition {change}",
-            extra={"partition": k, "replica": self.replica, "epoch": epoch},
+            extra={"partition": k, "replica": self.replica, "epoch": epoch, "at": round(at, 6)},
         )
         if self.on_change is not None:
-            self.on_change(OwnershipChange(k, change, epoch, time.time()))
+            self.on_change(OwnershipChange(k, change, epoch, at))
 
     async def _watch(self) -> None:
         """Wake the loop on any change of the bucket (a handed-over key is taken at once

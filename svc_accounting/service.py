@@ -210,7 +210,7 @@ class AccountingService:
         if self.leases is not None:
             # Take what nobody holds (and bring it up to date) before answering anything.
             await self.leases.open()
-            await self.leases.step()
+            await self.leases.first_round()
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -318,6 +318,9 @@ class AccountingService:
                 self.ledger.release(uid)
         for k in released:
             self.ledger.epochs.pop(k, None)
+        for name in list(self.ledger.nodes):
+            if self.ledger.partition(name) in released:
+                self.metrics.node_gone(name)  # its new owner exports its series now
         await self.ownership.changed()
         self.metrics.partitions_owned.set(len(self.ownership.served()))
 

@@ -5,6 +5,8 @@
                emulator (kube-emulator, kubelet-emulator, sim-node), each with its own flags
     simulate   the whole system on emulated nodes, and a report (shared.simulate)
     demo       `simulate` on the bundled scenario, explained
+    up         the whole system on this machine until Ctrl-C, for kubectl and Prometheus
+               (shared.local)
     bench      refit round trips, scheduling throughput, filter latency, accounting memory
                (shared.bench)
 
@@ -255,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the system running afterwards with every service's /metrics reachable",
     )
+    from shared.local.command import add_arguments as add_up_arguments
+
+    add_up_arguments(
+        commands.add_parser(
+            "up",
+            help="run the whole system on this machine for kubectl and Prometheus (Ctrl-C stops)",
+        )
+    )
     return parser
 
 
@@ -325,6 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.json:
             sys.stdout.write(DEMO_INTRO + "\n")
         return simulate_command(None, args.json, sys.stdout, sys.stderr, serve=args.serve)
+    if args.command == "up":
+        from shared.local.command import up_command
+
+        return up_command(args, sys.stdout, sys.stderr)
     return EXIT_USAGE  # pragma: no cover - argparse enforces the choices
 
 

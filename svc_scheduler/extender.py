@@ -75,12 +75,14 @@ from svc_scheduler.extender_wire import (
     host_priority_list,
 )
 from svc_scheduler.metrics import SchedulerMetrics
+from svc_scheduler.topology import TopologyState
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Hashable, Mapping
 
     from shared.service.kube_io import Kube
     from svc_scheduler.read_model import NodeView, ReadModel
+    from svc_scheduler.topology import NodePrediction
 
 log = logging.getLogger("numafit.scheduler")
 
@@ -120,6 +122,7 @@ class Extender:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_attempts: int = MAX_ATTEMPTS,
         supervisor: Supervisor | None = None,
+        topology: TopologyState | None = None,
     ) -> None:
         self.read_model = read_model
         self.accounting = accounting
@@ -129,6 +132,9 @@ class Extender:
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self._reserved: OrderedDict[str, str] = OrderedDict()
+        self.topology = topology if topology is not None else TopologyState()
+        """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
+        service's watch; without one no node has figures and nothing is predicted)."""
         self.fit_cache = FitCache()
         """Per-node fit outcomes by (node revision, snapshot, pod shape): unchanged nodes are
         not fitted again by the next filter (shared/core/nodes.py)."""
@@ -239,11 +245,24 @@ class Extender:
         options: FitOptions,
         policy: NodePolicy,
         probe: QuotaProbe | None = None,
+        *,
+        assume: bool = True,
     ) -> Placement:
         """The node policy's pick among `names`, on cached fits where a node is unchanged,
-        leaving out nodes another pod is still allocating on."""
+        leaving out nodes another pod is still allocating on.
+
+        Where a node publishes NodeResourceTopology, each GPU container is fitted first on the
+        NUMA node kubelet is predicted to give it (svc_scheduler/topology.py). `assume`: this
+        is the filter's decision, so the chosen node counts what the pod takes there until its
+        figures show it (prioritize only scores)."""
         snapshots, stamps = self._snapshots(names, views, tracked)
-        return place_pod(
+        predictions = self.topology.predict(snapshots, pod, requests)
+        plans = {name: p.plan for name, p in predictions.items()}
+        # A cached fit is only good for the same plan: the plan rides in the stamp.
+        stamped: dict[str, Hashable] = {
+            name: (stamp, plans[name]) if name in plans else stamp for name, stamp in stamps.items()
+        }
+        placement = place_pod(
             snapshots,
             requests,
             pod.kinds,
@@ -252,8 +271,37 @@ class Extender:
             probe,
             locked_nodes(views, pod.uid, time.time()),
             cache=self.fit_cache,
-            stamps=stamps,
+            stamps=stamped,
+            numa=plans or None,
         )
+        if assume and placement.chosen is not None:
+            self._placed(pod, requests, placement, predictions.get(placement.chosen))
+        return placement
+
+    def _placed(
+        self,
+        pod: PodInfo,
+        requests: list[ContainerRequest | None],
+        placement: Placement,
+        prediction: NodePrediction | None,
+    ) -> None:
+        assert placement.chosen is not None
+        gpus = [p for p, r in enumerate(requests) if r is not None]
+        counts = self.topology.placed(
+            pod, placement.chosen, placement.rows, gpus, prediction, time.time()
+        )
+        for result, count in counts.items():
+            self.metrics.numa_predictions.labels(result).inc(count)
+        if prediction is not None:
+            log.debug(
+                "NUMA predicted",
+                extra={
+                    "pod": pod.key,
+                    "node": placement.chosen,
+                    "numa": dict(prediction.plan.first),
+                    "lagging": self.topology.assumed(placement.chosen),
+                },
+            )
 
     def _snapshots(
         self,
@@ -374,7 +422,9 @@ class Extender:
             views = await self.read_model.views(names, self._budget(deadline))
         except (AccountingUnavailable, MessageError, FilterError):
             return host_priority_list(scores)
-        placement = self._place(tuple(views), views, None, pod, requests, options, policy)
+        placement = self._place(
+            tuple(views), views, None, pod, requests, options, policy, assume=False
+        )
         for name, score in placement.scores.items():
             scores[name] = extender_priority(score, policy)
         return host_priority_list(scores)

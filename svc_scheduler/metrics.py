@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.core import admission
 from shared.service.counters import at_zero
+from svc_scheduler.topology import RESULTS as PREDICTION_RESULTS
 
 FILTER_RESULTS = ("fit", "no_fit", "not_gpu", "error")
 RESERVE_RESULTS = ("ok", "conflict", "quota_exceeded", "node_unavailable", "no_fit", "unavailable")
@@ -98,7 +99,23 @@ class SchedulerMetrics:
             ["scope"],
             registry=self.registry,
         )
+        self.numa_predictions = Counter(
+            "numafit_scheduler_numa_predictions",
+            "GPU containers placed, by how the NUMA prediction from NodeResourceTopology "
+            "turned out: hit (ran on the GPUs reserved for it), miss (needed a refit, kubelet "
+            "gave other GPUs, or the pod failed admission), none (nothing predicted: the node "
+            "publishes no NodeResourceTopology or its policy is none).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.topology_ignored = Counter(
+            "numafit_scheduler_topology_ignored",
+            "NodeResourceTopology objects that could not be read (their node is scheduled as "
+            "without one).",
+            registry=self.registry,
+        )
         at_zero(self.filter_total, FILTER_RESULTS)
+        at_zero(self.numa_predictions, PREDICTION_RESULTS)
         at_zero(self.reserve_attempts, RESERVE_RESULTS)
         at_zero(self.prioritize_total, ("ok", "error"))
         at_zero(self.bind_total, BIND_RESULTS)
@@ -108,5 +125,10 @@ class SchedulerMetrics:
         self.nodes = Gauge(
             "numafit_scheduler_read_model_nodes",
             "Nodes the read model knows (with or without a GPU inventory).",
+            registry=self.registry,
+        )
+        self.topology_nodes = Gauge(
+            "numafit_scheduler_topology_nodes",
+            "Nodes whose NodeResourceTopology the scheduler predicts NUMA placement from.",
             registry=self.registry,
         )

@@ -1,7 +1,8 @@
 """svc_scheduler: the kube-scheduler extender and the admission webhook, over HTTP(S).
 
 Start: subscribe to accounting's usage updates and take the first snapshot (readiness waits
-for it: a filter before it would refuse every node), then listen. Stop (SIGTERM): readiness
+for it: a filter before it would refuse every node), follow NodeResourceTopology objects (the
+NUMA predictions; not waited for), then listen. Stop (SIGTERM): readiness
 fails, the listener closes, in-flight requests finish within the grace period, then the Events
 they record; the first sync and the snapshot fetches are cancelled. One supervisor owns all of
 it: its requests (counted), the read model's tasks and the Events.
@@ -23,6 +24,8 @@ from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT, Extender
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.read_model import ReadModel
 from svc_scheduler.server import SchedulerHttp
+from svc_scheduler.topology import TopologyState
+from svc_scheduler.topology_watch import TopologyWatch
 from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME, PodAdmission, kube_quota_source
 
 if TYPE_CHECKING:
@@ -108,6 +111,9 @@ class SchedulerService:
             on_ready=lambda: self.readiness.set(READ_MODEL),
             supervisor=self.supervisor,
         )
+        self.topology = TopologyWatch(kube, TopologyState(), self.metrics, self.supervisor)
+        """NodeResourceTopology, followed for the extender's NUMA predictions (not a readiness
+        condition: a node without it is scheduled as without the feature)."""
         self.extender = Extender(
             self.read_model,
             self.accounting,
@@ -116,6 +122,7 @@ class SchedulerService:
             metrics=self.metrics,
             request_timeout=request_timeout,
             supervisor=self.supervisor,
+            topology=self.topology.state,
         )
         self.admission = PodAdmission(
             config=self.config,
@@ -141,6 +148,7 @@ class SchedulerService:
     async def start(self) -> None:
         await self.supervisor.start()
         await self.read_model.start()
+        self.topology.start()
         await self.http.start()
         self.readiness.set(HTTP)
 

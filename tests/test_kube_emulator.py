@@ -379,7 +379,7 @@ async def test_unsupported_patch_type_is_415(core: CoreV1Api) -> None:
 
     with pytest.raises(ApiException) as refused:
         await core.patch_namespaced_pod(  # type: ignore[call-arg]
-            "p", "default", {"a": 1}, _content_type="application/apply-patch+yaml"
+            "p", "default", {"a": 1}, _content_type="application/json"
         )
 
     assert refused.value.status == 415
@@ -769,7 +769,7 @@ async def test_discovery_documents(api: ApiClient) -> None:
     assert versions.versions == ["v1"]
     names = {r.name for r in resources.resources}
     assert {"pods", "pods/binding", "pods/status", "nodes", "events", "resourcequotas"} <= names
-    assert [g.name for g in groups.groups] == ["events.k8s.io"]
+    assert [g.name for g in groups.groups] == ["events.k8s.io", "topology.node.k8s.io"]
 
 
 async def test_bad_json_is_400_and_an_unknown_path_is_404(emulator: KubeEmulator) -> None:

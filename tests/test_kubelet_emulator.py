@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import shutil
 import stat
 import tempfile
@@ -22,12 +23,22 @@ import pytest
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
+from shared.core.model import ContainerKind
+from shared.core.nrt import parse_nrt
+from shared.core.numa_prediction import (
+    ContainerDemand,
+    NodeNuma,
+    TopologyScope,
+    predict_pod,
+)
 from shared.kubelet_emulator import (
+    ContainerAsk,
     FreeDevice,
     KubeletConfig,
     KubeletEmulator,
     TopologyAffinityError,
     TopologyPolicy,
+    TopologyPublisher,
     UnexpectedAdmissionError,
     choose_devices,
     is_extended_resource_name,
@@ -35,6 +46,8 @@ from shared.kubelet_emulator import (
     parse_cpus,
     place,
 )
+from shared.kubelet_emulator.placement import replicas_per_numa
+from shared.service.kube_io import KubeError
 
 RESOURCE = "nvidia.com/gpu"
 GPUS = {"GPU-a": 0, "GPU-b": 1, "GPU-c": 1}  # uuid -> NUMA node
@@ -194,6 +207,7 @@ async def running_node(
     policy: TopologyPolicy = TopologyPolicy.SINGLE_NUMA_NODE,
     cpus: dict[int, int] | None = None,
     preferred_allocation: bool = True,
+    topology: TopologyPublisher | None = None,
 ) -> AsyncIterator[tuple[KubeletEmulator, SampleDevicePlugin]]:
     """A kubelet with the sample plugin registered and its devices seen."""
     config = KubeletConfig(
@@ -205,7 +219,7 @@ async def running_node(
     plugin = SampleDevicePlugin(directory, preferred_allocation=preferred_allocation)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(plugin.stop)
-        kubelet = await stack.enter_async_context(KubeletEmulator(config))
+        kubelet = await stack.enter_async_context(KubeletEmulator(config, topology))
         await plugin.start()
         await plugin.register()
         async with asyncio.timeout(WAIT):
@@ -517,6 +531,117 @@ async def test_release_frees_devices_and_cpus(sock_dir: Path) -> None:
         assert admission.cpu_numa == 0
 
 
+# ---------------------------------------------------------------------------- pod admission
+
+
+async def test_a_pod_is_admitted_container_by_container_in_order(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, _plugin):
+        result = await kubelet.admit_pod(
+            "pod-1",
+            [
+                ContainerAsk("init", 1, 6),
+                ContainerAsk("cpu-only", 0, 1),
+                ContainerAsk("main", 1, 4),
+            ],
+        )
+
+        assert result.error is None and result.failed_index is None
+        assert [a.container_name for a in result.admitted] == ["init", "cpu-only", "main"]
+        # init takes 6 of NUMA 0's 8 CPUs, so main (4) goes to NUMA 1.
+        assert [a.cpu_numa for a in result.admitted] == [0, 0, 1]
+        assert kubelet.free_cpus() == {0: 1, 1: 4}
+
+
+async def test_a_refused_container_fails_the_pod_which_then_holds_nothing(sock_dir: Path) -> None:
+    async with running_node(sock_dir) as (kubelet, _plugin):
+        result = await kubelet.admit_pod(
+            "pod-1", [ContainerAsk("first", 1, 4), ContainerAsk("huge", 1, 12)]
+        )
+
+        assert isinstance(result.error, TopologyAffinityError)
+        assert result.failed_index == 1
+        assert [a.container_name for a in result.admitted] == ["first"]
+        assert kubelet.allocations(RESOURCE) == {}
+        assert kubelet.free_cpus() == {0: 8, 1: 8}
+
+
+class RecordingSink:
+    """Where a TopologyPublisher writes: keeps every object (or fails every write)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.objects: list[dict[str, object]] = []
+        self.fail = fail
+
+    async def publish(self, obj: object) -> object:
+        if self.fail:
+            raise KubeError("publish: 404 the server could not find the requested resource", 404)
+        assert isinstance(obj, dict)
+        self.objects.append(obj)
+        return obj
+
+
+def zone_figures(obj: dict[str, object]) -> dict[str, dict[str, tuple[str, str, str]]]:
+    zones = obj["zones"]
+    assert isinstance(zones, list)
+    return {
+        z["name"]: {
+            r["name"]: (r["capacity"], r["allocatable"], r["available"]) for r in z["resources"]
+        }
+        for z in zones
+    }
+
+
+async def test_node_resource_topology_follows_every_admission_and_release(sock_dir: Path) -> None:
+    sink = RecordingSink()
+    clock = iter(float(t) for t in range(1_800_000_000, 1_800_000_100))
+    publisher = TopologyPublisher(
+        sink, "node-1", TopologyPolicy.SINGLE_NUMA_NODE, clock=lambda: next(clock)
+    )
+    async with running_node(sock_dir, topology=publisher) as (kubelet, _plugin):
+        await kubelet.publish_topology()
+        await kubelet.admit_pod("pod-1", [ContainerAsk("main", 2, 4)])  # NUMA 0: both replicas
+        await kubelet.admit_pod("pod-2", [ContainerAsk("main", 1, 3)])  # NUMA 1
+        await kubelet.release_pod("pod-1")
+
+    assert len(sink.objects) == 4
+    first, after_one, after_two, released = (zone_figures(o) for o in sink.objects)
+    assert first == {
+        "node-0": {"cpu": ("8", "8", "8"), RESOURCE: ("2", "2", "2")},
+        "node-1": {"cpu": ("8", "8", "8"), RESOURCE: ("4", "4", "4")},
+    }
+    assert after_one["node-0"] == {"cpu": ("8", "8", "4"), RESOURCE: ("2", "2", "0")}
+    assert after_two["node-1"] == {"cpu": ("8", "8", "5"), RESOURCE: ("4", "4", "3")}
+    assert released["node-0"] == first["node-0"] and released["node-1"] == after_two["node-1"]
+    last = parse_nrt(sink.objects[-1])
+    assert (last.node, last.policy, last.scope) == (
+        "node-1",
+        TopologyPolicy.SINGLE_NUMA_NODE,
+        TopologyScope.CONTAINER,
+    )
+    assert last.free_cpus == {0: 8, 1: 5}
+    assert last.sampled_at == 1_800_000_003.0 == publisher.last_sampled_at
+
+
+async def test_a_failing_write_does_not_fail_the_admission(sock_dir: Path) -> None:
+    publisher = TopologyPublisher(RecordingSink(fail=True), "node-1", TopologyPolicy.NONE)
+    async with running_node(sock_dir, topology=publisher) as (kubelet, _plugin):
+        result = await kubelet.admit_pod("pod-1", [ContainerAsk("main", 1, 2)])
+
+    assert result.error is None and len(result.admitted) == 1
+    assert publisher.published == 0 and publisher.last_sampled_at is None
+
+
+async def test_a_paused_publisher_writes_nothing(sock_dir: Path) -> None:
+    sink = RecordingSink()
+    publisher = TopologyPublisher(sink, "node-1", TopologyPolicy.SINGLE_NUMA_NODE)
+    async with running_node(sock_dir, topology=publisher) as (kubelet, _plugin):
+        await kubelet.admit_pod("pod-1", [ContainerAsk("main", 1, 2)])
+        publisher.paused = True
+        await kubelet.admit_pod("pod-2", [ContainerAsk("main", 1, 2)])
+
+    assert len(sink.objects) == 1
+
+
 # ---------------------------------------------------------------------------- restart
 
 
@@ -597,3 +722,57 @@ def test_parse_cpus_and_cli_flag_errors() -> None:
     with pytest.raises(SystemExit) as caught:
         main(["--dir", "/tmp", "--cpus", "0=lots"])
     assert caught.value.code == 2
+
+
+# ---------------------------------------------------------------------------- one rule
+
+
+@pytest.mark.parametrize("policy", list(TopologyPolicy))
+@pytest.mark.parametrize("seed", range(80))
+def test_the_scheduler_predicts_exactly_what_the_emulator_admits(
+    policy: TopologyPolicy, seed: int
+) -> None:
+    """The prediction (shared/core) and the emulator's placement decide alike, container by
+    container, on the same free CPUs and replicas: one rule, not two that could drift."""
+    rng = random.Random(seed)
+    cpus = {0: rng.randint(0, 12), 1: rng.randint(0, 12)}
+    devices = [
+        FreeDevice(f"GPU-{g}-{r}", frozenset({numa}))
+        for g, numa in enumerate([0, 0, 1, 1])
+        for r in range(rng.randint(0, 2))
+    ]
+    demands = [
+        ContainerDemand(f"c{i}", ContainerKind.APP, rng.choice([0, 0, 2, 4, 6]), rng.randint(0, 2))
+        for i in range(rng.randint(1, 4))
+    ]
+    prediction = predict_pod(
+        NodeNuma(policy, TopologyScope.CONTAINER, cpus, replicas_per_numa(devices), True), demands
+    )
+    free_cpus, free = dict(cpus), list(devices)
+    for position, demand in enumerate(demands):
+        try:
+            placement = place(
+                policy,
+                free_cpus=free_cpus,
+                free_devices=free,
+                topology_aware=True,
+                resource=RESOURCE,
+                gpu_count=demand.gpus,
+                cpu_count=demand.cpus,
+            )
+        except (TopologyAffinityError, UnexpectedAdmissionError):
+            # Refused by kubelet: predicted refused, unless only the emulator's final device
+            # count check refused it (too few replicas in all under a non-aligning policy).
+            choice = prediction.choices[position]
+            assert prediction.refused == demand or (
+                choice is not None and not choice.verdict.refused
+            )
+            return
+        choice = prediction.choices[position]
+        if demand.gpus:
+            assert choice is not None and choice.numa == placement.numa
+        taken = placement.available[: demand.gpus]
+        free = [d for d in free if d.id not in taken]
+        if placement.numa is not None:
+            free_cpus[placement.numa] -= demand.cpus
+    assert prediction.refused is None

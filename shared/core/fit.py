@@ -270,9 +270,16 @@ def fit_pod(
     kinds: Sequence[ContainerKind],
     options: FitOptions,
     quota: QuotaProbe | None = None,
+    *,
+    numa_first: Mapping[int, int] | None = None,
+    numa_only: bool = False,
 ) -> PodFit:
     """Reference d.6: sidecars and apps accumulate; each regular init container is fitted into
-    a copy pre-charged with the sidecars declared before it; usage is the per-device peak."""
+    a copy pre-charged with the sidecars declared before it; usage is the per-device peak.
+
+    `numa_first` maps container positions to the NUMA node kubelet is predicted to give them
+    (shared/core/numa_prediction.py): such a container is fitted on that node's GPUs first and,
+    unless `numa_only`, on the whole node when they cannot hold it."""
     # The phase peak only matters when init containers or sidecars exist (most pods have
     # neither; skipping the copy keeps the extender's per-node cost down).
     phased = any(kinds[p] is not ContainerKind.APP for p, r in enumerate(requests) if r)
@@ -285,7 +292,11 @@ def fit_pod(
             continue
         kind = kinds[position]
         target = app.copy() if kind is ContainerKind.INIT else app
-        fit = fit_container(target, request, options, position, rows, quota)
+        numa = numa_first.get(position) if numa_first else None
+        if numa is None:
+            fit = fit_container(target, request, options, position, rows, quota)
+        else:
+            fit = _fit_numa_first(target, request, options, position, rows, quota, numa, numa_only)
         if not fit.ok:
             return PodFit((), None, position, fit)
         apply_entry(target, fit.devices)
@@ -297,3 +308,22 @@ def fit_pod(
         for current, top in zip(app.devices, peak.devices, strict=True):
             current.raise_to(top)
     return PodFit(tuple(rows[p] for p in range(len(requests))), app)
+
+
+def _fit_numa_first(
+    node: NodeSnapshot,
+    request: ContainerRequest,
+    options: FitOptions,
+    position: int,
+    rows: Mapping[int, ContainerEntry],
+    quota: QuotaProbe | None,
+    numa: int,
+    only: bool,
+) -> ContainerFit:
+    """The container fitted on NUMA node `numa`'s devices (the same usage records: the fit
+    only reads them), then, unless `only`, on the whole node."""
+    local = NodeSnapshot(node.name, [d for d in node.devices if d.info.numa == numa], node.cordoned)
+    fit = fit_container(local, request, options, position, rows, quota)
+    if fit.ok or only:
+        return fit
+    return fit_container(node, request, options, position, rows, quota)

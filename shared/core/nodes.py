@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from shared.core.config import CoreConfig
     from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
+    from shared.core.numa_prediction import NumaPlan
     from shared.core.quota import QuotaProbe
     from shared.core.requests import ContainerRequest
 
@@ -137,13 +138,22 @@ def fit_node(
     kinds: Sequence[ContainerKind],
     options: FitOptions,
     quota: QuotaProbe | None = None,
+    numa: NumaPlan | None = None,
 ) -> NodeFit:
-    """Fit the whole pod on one node (None = no GPU inventory) and score the node after it."""
+    """Fit the whole pod on one node (None = no GPU inventory) and score the node after it.
+    `numa`: kubelet's predicted NUMA choice on this node (its GPUs are tried first)."""
     if snapshot is None:
         return NodeFit(NODE_UNREGISTERED)
-    fit = fit_pod(snapshot, requests, kinds, options, quota)
+    if numa is not None and numa.refusal is not None:
+        return NodeFit(numa.refusal)
+    first = numa.numa_of if numa is not None else None
+    only = numa is not None and numa.only
+    fit = fit_pod(snapshot, requests, kinds, options, quota, numa_first=first, numa_only=only)
     if not fit.ok or fit.node is None:
-        return NodeFit(fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod")
+        reason = fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod"
+        if numa is not None and only and first and fit.failed_position in first:
+            reason = numa.refused_at(fit.failed_position, reason)
+        return NodeFit(reason)
     return NodeFit(None, fit.rows, node_score(fit.node))
 
 
@@ -225,6 +235,7 @@ def place_pod(
     *,
     cache: FitCache | None = None,
     stamps: Mapping[str, Hashable] | None = None,
+    numa: Mapping[str, NumaPlan] | None = None,
 ) -> Placement:
     """Fit the pod on every candidate (None = the node has no GPU inventory) and pick one.
 
@@ -234,7 +245,8 @@ def place_pod(
     is refused with that reason instead of being ranked, so the policy picks among free nodes.
 
     With a `cache`, a node that has a stamp in `stamps` reuses the outcome computed on the same
-    snapshot at the same stamp for the same pod shape (no cache is used with a quota probe).
+    snapshot at the same stamp for the same pod shape (no cache is used with a quota probe);
+    a node with a NUMA plan in `numa` must carry that plan in its stamp.
     """
     refused: dict[str, str] = {}
     rows: dict[str, tuple[ContainerEntry, ...]] = {}
@@ -252,7 +264,8 @@ def place_pod(
                 if entry is not None and entry[1] is snapshot and entry[0] == stamp:
                     outcome = entry[2]
         if outcome is None:
-            outcome = fit_node(snapshot, requests, kinds, options, quota)
+            plan = numa.get(name) if numa is not None else None
+            outcome = fit_node(snapshot, requests, kinds, options, quota, plan)
             if entries is not None and stamp is not None:
                 entries[name] = (stamp, snapshot, outcome)
                 assert cache is not None

@@ -31,6 +31,10 @@ class AdmissionRequest:
     name: str
     object: JSONDict
     old_object: JSONDict | None = None
+    dry_run: bool = False
+    """The request is a dry run (`dryRun=All`): nothing will be stored. Upstream still calls
+    webhooks declaring `sideEffects: None` (numafit's does), with `dryRun: true` in the review,
+    so a hook must then decide without side effects of its own."""
 
 
 AdmissionHook = Callable[[AdmissionRequest], Awaitable[JSONDict | None]]

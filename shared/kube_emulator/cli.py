@@ -26,8 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kube-emulator",
         description=(
             "An in-memory Kubernetes API server for tests: pods (with binding and status), "
-            "nodes, namespaces, events, resource quotas; list, watch, patch; fault injection "
-            "under /_emulator/faults. No authentication, no persistence."
+            "nodes, namespaces, events, resource quotas, config maps, NodeResourceTopologies; "
+            "list, watch, patch, server-side apply, dry runs, OpenAPI and Table output for "
+            "kubectl; fault injection under /_emulator/faults. No authentication, no "
+            "persistence."
         ),
     )
     parser.add_argument(

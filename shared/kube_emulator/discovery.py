@@ -105,4 +105,6 @@ def _resource(kind: ResourceKind) -> JSONDict:
     }
     if kind.short_names:
         entry["shortNames"] = list(kind.short_names)
+    if kind.categories:
+        entry["categories"] = list(kind.categories)
     return entry

@@ -29,6 +29,7 @@ _REASONS = {
     403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
+    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     415: "UnsupportedMediaType",
@@ -137,13 +138,30 @@ def method_not_allowed() -> KubeError:
     )
 
 
-def unsupported_media_type(content_type: str) -> KubeError:
+PATCH_MEDIA_TYPES = (
+    "application/json-patch+json, application/merge-patch+json, "
+    "application/strategic-merge-patch+json, application/apply-patch+yaml"
+)
+BODY_MEDIA_TYPES = "application/json, application/yaml, application/vnd.kubernetes.protobuf"
+
+
+def unsupported_media_type(content_type: str, accepted: str = PATCH_MEDIA_TYPES) -> KubeError:
     return KubeError(
         status_object(
             415,
             f"the body of the request was in an unknown format ({content_type}) - accepted media "
-            "types include: application/json-patch+json, application/merge-patch+json, "
-            "application/strategic-merge-patch+json",
+            f"types include: {accepted}",
+        )
+    )
+
+
+def not_acceptable(accept: str) -> KubeError:
+    """406: no response format in the Accept header is one the server can write."""
+    return KubeError(
+        status_object(
+            406,
+            "only the following media types are accepted: application/json, application/yaml, "
+            f"application/vnd.kubernetes.protobuf (asked for {accept})",
         )
     )
 

@@ -1,7 +1,9 @@
 """Plain-JSON Kubernetes objects: the one type alias and the few helpers every module needs.
 
-The emulator keeps objects exactly as the wire carries them (dicts parsed from JSON) rather than
-typed models, so that it never drops or reshapes a field a client sent: what goes in comes back.
+The emulator keeps objects as the wire carries them (dicts parsed from JSON) rather than typed
+models, so that it never reshapes what a client sent. The only fields it drops are those the
+API server's types lack (field_validation.py prunes them, as upstream's decoding does); open
+parts of the schema (statuses, probes, affinity...) come back exactly as they went in.
 """
 
 from __future__ import annotations

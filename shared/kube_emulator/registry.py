@@ -4,8 +4,12 @@ This is where a request body becomes a stored object: identity checks against th
 defaulting, admission, system metadata (uid, creationTimestamp, generated names), validation,
 optimistic concurrency (a resourceVersion in a PUT body or a patch is a precondition; a write
 that loses a race while admission runs is retried, as upstream's GuaranteedUpdate does), the
-status/main split of resources with a status subresource, and pods/binding. Every refusal is a
-KubeError with upstream's Status; server.py only translates HTTP to these calls and back.
+status/main split of resources with a status subresource, pods/binding, and server-side apply
+(apply.py). Every write takes WriteOptions: with dry_run it does all of the above (admission
+included, told it is a dry run) and answers what it would have stored, but stores nothing, so no
+revision is taken and no watcher hears of it; field validation (field_validation.py) drops or
+refuses unknown fields as the directive says, leaving warnings in the options. Every refusal is
+a KubeError with upstream's Status; server.py only translates HTTP to these calls and back.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from . import errors
+from . import apply as server_side_apply
+from . import errors, field_validation
 from .admission import DEFAULT_WEBHOOK, AdmissionDenied, AdmissionHook, AdmissionRequest
 from .errors import FieldError, KubeError
 from .objects import JSONDict, child, copy_json, metadata, now_rfc3339
+from .options import WriteOptions
 from .patching import PatchError, copy_value, json_patch, merge_patch, strategic_merge_patch
 from .resources import NAMESPACES, PODS, ResourceKind
 from .store import KeyExists, KeyMissing, Store, VersionMismatch
@@ -72,43 +78,41 @@ class Registry:
             raise errors.not_found(kind.plural, name, kind.group)
         return kind.from_storage(stored)
 
-    def list(
+    def select(
         self,
         kind: ResourceKind,
         namespace: str | None,
         labels: LabelSelector,
         fields: FieldSelector,
-    ) -> JSONDict:
-        """A <Kind>List at the store's current revision; a later watch from it misses nothing.
+    ) -> tuple[list[JSONDict], int]:
+        """The matching objects (as clients see them) and the store revision they were read at;
+        a later watch from that revision misses nothing.
 
         `limit` is not honoured (the API allows a server to return everything at once).
         """
         stored, revision = self.store.list(kind.bucket, namespace)
-        items = []
-        for obj in stored:
-            if matches(kind, obj, labels, fields):
-                item = kind.from_storage(obj)
-                # Items of a typed list carry no kind/apiVersion on the wire.
-                item.pop("kind", None)
-                item.pop("apiVersion", None)
-                items.append(item)
-        return {
-            "kind": f"{kind.kind}List",
-            "apiVersion": kind.api_version,
-            "metadata": {"resourceVersion": str(revision)},
-            "items": items,
-        }
+        return [
+            kind.from_storage(obj) for obj in stored if matches(kind, obj, labels, fields)
+        ], revision
 
     # --- create --------------------------------------------------------------------------------
 
-    async def create(self, kind: ResourceKind, namespace: str, body: JSONDict) -> JSONDict:
+    async def create(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        body: JSONDict,
+        options: WriteOptions | None = None,
+    ) -> JSONDict:
+        options = options or WriteOptions()
         obj = self._typed(kind, body)
+        warnings = field_validation.validate(kind, obj, options.field_validation)
         meta = metadata(obj)
         self._check_namespace(kind, namespace, meta)
         if meta.get("resourceVersion"):
             raise errors.internal("resourceVersion should not be set on objects to be created")
         kind.apply_defaults(obj)
-        obj = await self._admit(kind, "CREATE", obj, None)
+        obj = await self._admit(kind, "CREATE", obj, None, options.dry_run)
         meta = metadata(obj)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = str(meta["generateName"]) + "".join(
@@ -123,6 +127,15 @@ class Registry:
         problems = _name_errors(meta) + kind.validate_create(obj)
         if problems:
             raise errors.invalid(kind.kind, name, problems, kind.group)
+        options.warnings.extend(warnings)
+        if options.dry_run:
+            # Upstream's dry run checks what the write would hit, then returns the object
+            # as it would have been stored, less the resourceVersion only storage assigns.
+            if kind.namespaced:
+                _check_namespace_name(namespace)
+            if self.store.get(kind.bucket, meta.get("namespace", ""), name) is not None:
+                raise errors.already_exists(kind.plural, name, kind.group)
+            return kind.from_storage(kind.to_storage(obj))
         if kind.namespaced:
             self.ensure_namespace(namespace)
         try:
@@ -137,8 +150,7 @@ class Registry:
         # namespace could have is answered as upstream answers a missing namespace.
         if self.store.get(NAMESPACES.bucket, "", namespace) is not None:
             return
-        if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
-            raise errors.not_found("namespaces", namespace)
+        _check_namespace_name(namespace)
         obj: JSONDict = {
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -160,6 +172,7 @@ class Registry:
         name: str,
         body: JSONDict,
         subresource: str = "",
+        options: WriteOptions | None = None,
     ) -> JSONDict:
         """PUT: the body replaces the object (or only its status, for the status subresource)."""
         body = self._typed(kind, body)
@@ -171,7 +184,7 @@ class Registry:
                 f"({name})"
             )
         return await self._update(
-            kind, namespace, name, lambda _current: copy_json(body), subresource
+            kind, namespace, name, lambda _current: copy_json(body), subresource, options
         )
 
     async def patch(
@@ -182,6 +195,7 @@ class Registry:
         patch_type: PatchType,
         patch: object,
         subresource: str = "",
+        options: WriteOptions | None = None,
     ) -> JSONDict:
         """PATCH: the patch is applied to the current object on every attempt, so a
         metadata.resourceVersion it carries is checked against the latest version."""
@@ -206,7 +220,59 @@ class Registry:
                 )
             return result
 
-        return await self._update(kind, namespace, name, apply, subresource)
+        return await self._update(kind, namespace, name, apply, subresource, options)
+
+    async def apply(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        config: object,
+        subresource: str = "",
+        options: WriteOptions | None = None,
+    ) -> tuple[JSONDict, bool]:
+        """Server-side apply (see apply.py); returns the object and whether it was created."""
+        options = options or WriteOptions()
+        if not isinstance(config, dict):
+            raise errors.bad_request("the apply configuration must be an object")
+        for key, label in (("apiVersion", "apiVersion"), ("kind", "Kind")):
+            if not config.get(key):
+                raise errors.bad_request(f"Object '{label}' is missing in the apply configuration")
+        config = self._typed(kind, config)
+        meta = metadata(config)
+        if meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({name})"
+            )
+        if "managedFields" in meta:
+            raise errors.bad_request("metadata.managedFields must be nil")
+        self._check_namespace(kind, namespace, meta)
+        options.warnings.extend(field_validation.validate(kind, config, options.field_validation))
+        if subresource not in ("", "status") or (subresource and not kind.has_status):
+            raise errors.path_not_found()
+
+        def merge(current: JSONDict | None) -> JSONDict:
+            return server_side_apply.apply(
+                kind,
+                current,
+                config,
+                manager=options.field_manager,
+                force=options.force,
+                subresource=subresource,
+                now=now_rfc3339(),
+            )
+
+        if self.store.get(kind.bucket, namespace if kind.namespaced else "", name) is None:
+            if subresource:
+                raise errors.not_found(kind.plural, name, kind.group)
+            created = merge(None)
+            metadata(created)["name"] = name
+            return await self.create(kind, namespace, created, options), True
+        updated = await self._update(
+            kind, namespace, name, merge, subresource, options, operation="Apply"
+        )
+        return updated, False
 
     async def _update(
         self,
@@ -215,7 +281,10 @@ class Registry:
         name: str,
         mutate: Mutation,
         subresource: str,
+        options: WriteOptions | None = None,
+        operation: server_side_apply.Operation = "Update",
     ) -> JSONDict:
+        options = options or WriteOptions()
         if subresource not in ("", "status") or (subresource == "status" and not kind.has_status):
             raise errors.path_not_found()
         for _attempt in range(_UPDATE_ATTEMPTS):
@@ -225,31 +294,58 @@ class Registry:
             precondition = metadata(desired).get("resourceVersion")
             if precondition and precondition != current_version:
                 raise errors.conflict(kind.plural, name, group=kind.group)
+            warnings = field_validation.validate(kind, desired, options.field_validation)
             new = _merge_for_update(kind, current, desired, subresource)
+            if operation == "Apply" and subresource:
+                # The status part came from the apply, and so does the bookkeeping of it.
+                _carry_managed_fields(new, desired)
             if not subresource:
-                new = await self._admit(kind, "UPDATE", new, current)
-            _restore_system_metadata(new, current)
+                # Upstream decodes (and so defaults) every body, not only a create's.
+                kind.apply_defaults(new)
+                new = await self._admit(kind, "UPDATE", new, current, options.dry_run)
+            # An apply wrote managedFields itself (possibly none left); any other write that
+            # omits them keeps them.
+            _restore_system_metadata(new, current, keep_managed_fields=operation == "Update")
             if not subresource:
                 problems = _immutable_errors(new, current) + kind.validate_update(new, current)
                 if problems:
                     raise errors.invalid(kind.kind, name, problems, kind.group)
+            if operation == "Update":
+                server_side_apply.track_update(
+                    kind,
+                    current,
+                    new,
+                    manager=options.field_manager,
+                    subresource=subresource,
+                    now=now_rfc3339(),
+                )
+            if options.dry_run:
+                # Answered with the resourceVersion the object still has.
+                options.warnings.extend(warnings)
+                return kind.from_storage(kind.to_storage(new))
             try:
                 updated = self.store.update(kind.bucket, kind.to_storage(new), current_version)
             except VersionMismatch:
                 continue  # written meanwhile (admission awaited): recompute from the new state
             except KeyMissing:
                 raise errors.not_found(kind.plural, name, kind.group) from None
+            options.warnings.extend(warnings)
             return kind.from_storage(updated)
         raise errors.conflict(kind.plural, name, group=kind.group)
 
     # --- delete --------------------------------------------------------------------------------
 
     def delete(
-        self, kind: ResourceKind, namespace: str, name: str, options: JSONDict | None
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        delete_options: JSONDict | None,
+        options: WriteOptions | None = None,
     ) -> JSONDict:
         """Deletes at once (grace periods and finalizers are not emulated); returns the object."""
         current = self.get(kind, namespace, name)
-        preconditions = child(options or {}, "preconditions")
+        preconditions = child(delete_options or {}, "preconditions")
         meta = metadata(current)
         for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
             wanted = preconditions.get(field)
@@ -261,6 +357,8 @@ class Registry:
                     f"{label} in object meta: {meta.get(field)}",
                     kind.group,
                 )
+        if options is not None and options.dry_run:
+            return current
         try:
             deleted = self.store.delete(kind.bucket, namespace, name, str(meta["resourceVersion"]))
         except (KeyMissing, VersionMismatch):
@@ -269,7 +367,13 @@ class Registry:
 
     # --- pods/binding --------------------------------------------------------------------------
 
-    def bind(self, namespace: str, name: str, binding: JSONDict) -> JSONDict:
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        binding: JSONDict,
+        options: WriteOptions | None = None,
+    ) -> JSONDict:
         """POST pods/{name}/binding: what the scheduler does to place a pod on a node.
 
         Sets spec.nodeName and the PodScheduled condition and copies the Binding's annotations
@@ -324,7 +428,8 @@ class Registry:
                 existing = pod_meta.get(section)
                 pod_meta[section] = {**(existing if isinstance(existing, dict) else {}), **extra}
         _set_condition(pod.setdefault("status", {}), {"type": "PodScheduled", "status": "True"})
-        self.store.update(PODS.bucket, pod, str(pod_meta["resourceVersion"]))
+        if options is None or not options.dry_run:
+            self.store.update(PODS.bucket, pod, str(pod_meta["resourceVersion"]))
         return errors.success_status(201)
 
     # --- shared checks -------------------------------------------------------------------------
@@ -335,6 +440,7 @@ class Registry:
         operation: Literal["CREATE", "UPDATE"],
         obj: JSONDict,
         old: JSONDict | None,
+        dry_run: bool = False,
     ) -> JSONDict:
         # Only pods are admitted: the emulator stands in for webhooks registered on pods.
         hook = self.admission
@@ -348,6 +454,7 @@ class Registry:
             name=str(meta.get("name", "")),
             object=obj,
             old_object=None if old is None else copy_json(old),
+            dry_run=dry_run,
         )
         try:
             result = await hook(request)
@@ -359,7 +466,14 @@ class Registry:
             raise errors.internal(
                 f'failed calling webhook "{DEFAULT_WEBHOOK}": {failure}'
             ) from failure
-        return request.object if result is None else result
+        if result is None:
+            return request.object
+        # Upstream decodes a mutating webhook's result like a request body: what the types
+        # lack is dropped, and defaulting runs again (limits added by a webhook become
+        # requests too), so a later update, defaulted in turn, finds nothing changed.
+        field_validation.prune(kind, result)
+        kind.apply_defaults(result)
+        return result
 
     @staticmethod
     def _typed(kind: ResourceKind, body: JSONDict) -> JSONDict:
@@ -415,8 +529,20 @@ def _merge_for_update(
     return new
 
 
-def _restore_system_metadata(new: JSONDict, current: JSONDict) -> None:
+def _carry_managed_fields(new: JSONDict, desired: JSONDict) -> None:
+    entries = metadata(desired).get("managedFields")
+    if entries is None:
+        metadata(new).pop("managedFields", None)
+    else:
+        metadata(new)["managedFields"] = entries
+
+
+def _restore_system_metadata(
+    new: JSONDict, current: JSONDict, *, keep_managed_fields: bool = True
+) -> None:
     meta, old = metadata(new), metadata(current)
+    if keep_managed_fields and "managedFields" not in meta and "managedFields" in old:
+        meta["managedFields"] = old["managedFields"]
     if meta.get("uid") in (None, ""):
         meta["uid"] = old.get("uid")
     for key in ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -434,6 +560,12 @@ def _immutable_errors(new: JSONDict, current: JSONDict) -> list[FieldError]:
         for key in ("name", "namespace", "uid")
         if meta.get(key) != old.get(key)
     ]
+
+
+def _check_namespace_name(namespace: str) -> None:
+    """A name no namespace could have is answered as upstream answers a missing namespace."""
+    if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
+        raise errors.not_found("namespaces", namespace)
 
 
 def _name_errors(meta: JSONDict) -> list[FieldError]:

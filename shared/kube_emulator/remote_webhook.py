@@ -42,6 +42,7 @@ def remote_webhook(
                 "operation": request.operation,
                 "object": request.object,
                 "oldObject": request.old_object,
+                "dryRun": request.dry_run,
             },
         }
         try:

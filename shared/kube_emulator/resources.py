@@ -9,6 +9,7 @@ latter is converted on the way in and out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class ResourceKind:
     namespaced: bool
     bucket: str
     short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    """Discovery categories (`kubectl get all` lists the kinds in "all")."""
     subresources: frozenset[str] = frozenset()
     fields: Mapping[str, FieldGetter] = field(default_factory=dict)
     apply_defaults: Callable[[JSONDict], None] = _nothing
@@ -56,6 +59,9 @@ class ResourceKind:
     validate_update: Callable[[JSONDict, JSONDict], list[FieldError]] = _no_update_errors
     to_storage: Callable[[JSONDict], JSONDict] = _unchanged
     from_storage: Callable[[JSONDict], JSONDict] = _unchanged
+    custom: bool = False
+    """A CustomResourceDefinition upstream: its OpenAPI schema is its validation (types and
+    required fields, checked by field_validation.py), and it has no other."""
 
     @property
     def api_version(self) -> str:
@@ -115,6 +121,9 @@ def _default_pod(pod: JSONDict) -> None:
         for container in spec.get(section) or []:
             if isinstance(container, dict):
                 _default_requests_from_limits(container)
+                for port in container.get("ports") or []:
+                    if isinstance(port, dict):
+                        port.setdefault("protocol", "TCP")
 
 
 def _default_requests_from_limits(container: JSONDict) -> None:
@@ -206,6 +215,7 @@ PODS = ResourceKind(
     namespaced=True,
     bucket="pods",
     short_names=("po",),
+    categories=("all",),
     subresources=frozenset({"status", "binding"}),
     fields={
         "spec.nodeName": _path("spec", "nodeName"),
@@ -386,7 +396,78 @@ EVENTS_V1 = ResourceKind(
     from_storage=_core_to_events_v1,
 )
 
-ALL: tuple[ResourceKind, ...] = (PODS, NODES, NAMESPACES, RESOURCE_QUOTAS, EVENTS, EVENTS_V1)
+# --- config maps -------------------------------------------------------------------------------
+
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_CONFIG_KEY_RULE = (
+    "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. "
+    "'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is "
+    "'[-._a-zA-Z0-9]+')"
+)
+
+
+def _validate_config_map(config_map: JSONDict) -> list[FieldError]:
+    errors = []
+    seen: set[str] = set()
+    for section in ("data", "binaryData"):
+        for key in child(config_map, section):
+            where = f"{section}[{key}]"
+            if len(key) > 253 or not _CONFIG_KEY.match(key):
+                errors.append(FieldError(where, "invalid", _CONFIG_KEY_RULE, key))
+            elif key in seen:
+                errors.append(FieldError(where, "invalid", "duplicate of key present in data", key))
+            seen.add(key)
+    return errors
+
+
+def _validate_config_map_update(new: JSONDict, old: JSONDict) -> list[FieldError]:
+    errors = _validate_config_map(new)
+    if old.get("immutable") is True:
+        for section in ("data", "binaryData", "immutable"):
+            if new.get(section) != old.get(section):
+                errors.append(
+                    FieldError(section, "forbidden", "field is immutable when `immutable` is set")
+                )
+    return errors
+
+
+CONFIG_MAPS = ResourceKind(
+    group="",
+    version="v1",
+    plural="configmaps",
+    singular="configmap",
+    kind="ConfigMap",
+    namespaced=True,
+    bucket="configmaps",
+    short_names=("cm",),
+    validate_create=_validate_config_map,
+    validate_update=_validate_config_map_update,
+)
+
+# --- NodeResourceTopology (topology.node.k8s.io/v1alpha2, a CRD upstream) ----------------------
+
+NODE_RESOURCE_TOPOLOGIES = ResourceKind(
+    group="topology.node.k8s.io",
+    version="v1alpha2",
+    plural="noderesourcetopologies",
+    singular="noderesourcetopology",
+    kind="NodeResourceTopology",
+    namespaced=False,
+    bucket="noderesourcetopologies",
+    short_names=("node-res-topo",),
+    custom=True,
+)
+
+ALL: tuple[ResourceKind, ...] = (
+    PODS,
+    NODES,
+    NAMESPACES,
+    RESOURCE_QUOTAS,
+    CONFIG_MAPS,
+    EVENTS,
+    EVENTS_V1,
+    NODE_RESOURCE_TOPOLOGIES,
+)
 
 BY_PATH: dict[tuple[str, str], ResourceKind] = {
     (kind.api_version, kind.plural): kind for kind in ALL

@@ -7,6 +7,10 @@ so the real kubernetes_asyncio client (or kubectl) works against it unchanged:
         emulator.write_kubeconfig(path)          # then config.load_kube_config(config_file=path)
         emulator.faults.add(method="PATCH", path_regex="/pods/", status=500, times=1)
 
+It also serves what kubectl needs beyond the REST verbs: OpenAPI documents (openapi.py), Table
+output (rendering.py), protobuf bodies (protobuf.py), dry runs, field validation warnings and
+server-side apply (registry.py, apply.py).
+
 Besides the API it serves /healthz, /readyz, /livez, and its own controls under /_emulator/:
 
     GET    /_emulator/faults        the live fault rules, and how many faulted requests are
@@ -23,6 +27,7 @@ Besides the API it serves /healthz, /readyz, /livez, and its own controls under 
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -32,9 +37,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from . import discovery, errors, kubeconfig, paths, watching
+from . import bodies, discovery, errors, kubeconfig, openapi, paths, rendering, watching
+from .apply import CONTENT_TYPE as APPLY_CONTENT_TYPE
 from .errors import KubeError
 from .faults import ADMIN_PREFIX, Faults
+from .openapi_proto import CONTENT_TYPE as OPENAPI_V2_PROTOBUF
+from .openapi_proto import v2_protobuf
+from .options import Verb, WriteOptions, write_options
 from .registry import PATCH_CONTENT_TYPES, Registry
 from .resources import BY_PATH, PODS, ResourceKind
 from .selectors import (
@@ -65,8 +74,14 @@ _MAX_BODY_BYTES = 3 * 1024 * 1024
 _INITIAL_NAMESPACES = ("default", "kube-system")
 
 
-def json_response(body: JSONDict, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+def json_response(
+    body: JSONDict, status: int = 200, warnings: list[str] | None = None
+) -> web.Response:
+    response = web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    for text in warnings or ():
+        # RFC 7234 warn-code 299 with agent "-", the text quoted as Go's strconv.Quote would.
+        response.headers.add("Warning", f"299 - {json.dumps(text)}")
+    return response
 
 
 class KubeEmulator:
@@ -199,6 +214,9 @@ class KubeEmulator:
         router.add_delete(ADMIN_PREFIX + "faults/{id}", self._fault_delete)
         router.add_post(ADMIN_PREFIX + "compact", self._compact)
         router.add_post(ADMIN_PREFIX + "expire-watches", self._expire_watches)
+        router.add_get("/openapi/v2", self._openapi_v2)
+        router.add_get("/openapi/v3", self._openapi_v3_index)
+        router.add_get("/openapi/v3/{path:.+}", self._openapi_v3)
         router.add_route("*", "/{tail:.*}", self._api)
         return app
 
@@ -209,6 +227,11 @@ class KubeEmulator:
             response = await handler(request)
         except KubeError as error:
             response = json_response(error.status, error.code)
+        except RecursionError:
+            # A body nested deeper than the interpreter's stack: refused, as upstream's decoder
+            # refuses one past its depth limit.
+            refusal = errors.bad_request("the request body is nested too deeply")
+            response = json_response(refusal.status, refusal.code)
         except web.HTTPException as error:
             # aiohttp's own refusals (body too large, wrong method) in the API's words.
             if error.status == 404:
@@ -275,6 +298,22 @@ class KubeEmulator:
             raise errors.bad_request(str(error)) from None
         return json_response({"expired": expired, "revision": self.store.revision})
 
+    async def _openapi_v2(self, request: web.Request) -> web.Response:
+        if OPENAPI_V2_PROTOBUF in request.headers.get("Accept", ""):
+            # Not its own media type as Content-Type: Go's mime parser (client-go's response
+            # handling) refuses the '@' in it, so upstream too answers with octet-stream.
+            return web.Response(body=v2_protobuf(), content_type="application/octet-stream")
+        return web.Response(body=openapi.v2_bytes(), content_type="application/json")
+
+    async def _openapi_v3_index(self, _request: web.Request) -> web.Response:
+        return web.Response(body=openapi.v3_index(), content_type="application/json")
+
+    async def _openapi_v3(self, request: web.Request) -> web.Response:
+        document = openapi.v3_document(request.match_info["path"].strip("/"))
+        if document is None:
+            raise errors.path_not_found()
+        return web.Response(body=document, content_type="application/json")
+
     async def _api(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET":
             document = _discovery_document(request.path, request.host)
@@ -297,7 +336,9 @@ class KubeEmulator:
         assert namespace is not None
         if target.watch_prefix:
             name_selector = f"metadata.name={target.name}"
-            return await self._watch(request, kind, namespace, extra_fields=name_selector)
+            return await self._watch(
+                request, kind, namespace, extra_fields=name_selector, wanted=_wanted(request)
+            )
         return await self._item(request, kind, namespace, target.name, target.subresource or "")
 
     async def _collection(
@@ -305,13 +346,17 @@ class KubeEmulator:
     ) -> web.StreamResponse:
         method = request.method
         if method == "GET":
+            wanted = _wanted(request)
             if watch_prefix or _flag(request.query.get("watch")):
-                return await self._watch(request, kind, namespace)
+                return await self._watch(request, kind, namespace, wanted=wanted)
             labels, fields = _selectors(request, kind)
-            return json_response(self.registry.list(kind, namespace, labels, fields))
+            objects, revision = self.registry.select(kind, namespace, labels, fields)
+            return json_response(rendering.render_list(kind, objects, str(revision), wanted))
         if method == "POST" and namespace is not None:
-            body = await _read_object(request)
-            return json_response(await self.registry.create(kind, namespace, body), 201)
+            options = _options(request, "Create")
+            body = await bodies.read_object(request)
+            created = await self.registry.create(kind, namespace, body, options)
+            return json_response(created, 201, options.warnings)
         raise errors.method_not_allowed()
 
     async def _item(
@@ -321,32 +366,52 @@ class KubeEmulator:
         if subresource == "binding" and kind is PODS:
             if method != "POST":
                 raise errors.method_not_allowed()
-            return json_response(
-                self.registry.bind(namespace, name, await _read_object(request)), 201
-            )
+            options = _options(request, "Create")
+            binding = await bodies.read_object(request)
+            return json_response(self.registry.bind(namespace, name, binding, options), 201)
         if subresource not in ("", "status") or (subresource and not kind.has_status):
             raise errors.path_not_found()
         if method == "GET":
-            return json_response(self.registry.get(kind, namespace, name))
+            obj = self.registry.get(kind, namespace, name)
+            return json_response(rendering.render_one(kind, obj, _wanted(request)))
         if method == "PUT":
-            body = await _read_object(request)
-            return json_response(
-                await self.registry.replace(kind, namespace, name, body, subresource)
+            options = _options(request, "Update")
+            body = await bodies.read_object(request)
+            replaced = await self.registry.replace(
+                kind, namespace, name, body, subresource, options
             )
+            return json_response(replaced, 200, options.warnings)
         if method == "PATCH":
-            patch_type = PATCH_CONTENT_TYPES.get(request.content_type)
-            if patch_type is None:
-                raise errors.unsupported_media_type(request.content_type)
-            patch = await _read_json(request)
-            return json_response(
-                await self.registry.patch(kind, namespace, name, patch_type, patch, subresource)
-            )
+            return await self._patch(request, kind, namespace, name, subresource)
         if method == "DELETE" and not subresource:
-            options = await _read_json(request) if request.can_read_body else None
-            if options is not None and not isinstance(options, dict):
+            delete_options = await bodies.read_any(request) if request.can_read_body else None
+            if delete_options is not None and not isinstance(delete_options, dict):
                 raise errors.bad_request("DeleteOptions must be a JSON object")
-            return json_response(self.registry.delete(kind, namespace, name, options))
+            options = _options(request, "Delete", delete_options=delete_options)
+            deleted = self.registry.delete(kind, namespace, name, delete_options, options)
+            return json_response(deleted)
         raise errors.method_not_allowed()
+
+    async def _patch(
+        self, request: web.Request, kind: ResourceKind, namespace: str, name: str, subresource: str
+    ) -> web.Response:
+        content_type = request.content_type.lower()
+        if content_type == APPLY_CONTENT_TYPE:
+            options = _options(request, "Patch", apply=True)
+            config = await bodies.read_any(request)
+            obj, created = await self.registry.apply(
+                kind, namespace, name, config, subresource, options
+            )
+            return json_response(obj, 201 if created else 200, options.warnings)
+        patch_type = PATCH_CONTENT_TYPES.get(content_type)
+        if patch_type is None:
+            raise errors.unsupported_media_type(request.content_type)
+        options = _options(request, "Patch")
+        patch = await bodies.read_any(request)
+        patched = await self.registry.patch(
+            kind, namespace, name, patch_type, patch, subresource, options
+        )
+        return json_response(patched, 200, options.warnings)
 
     async def _watch(
         self,
@@ -354,6 +419,7 @@ class KubeEmulator:
         kind: ResourceKind,
         namespace: str | None,
         extra_fields: str = "",
+        wanted: rendering.Wanted | None = None,
     ) -> web.StreamResponse:
         query = request.query
         labels, fields = _selectors(request, kind, extra_fields)
@@ -365,6 +431,7 @@ class KubeEmulator:
             timeout_s=timeout,
             bookmarks=_flag(query.get("allowWatchBookmarks")),
             bookmark_interval_s=self.bookmark_interval_s,
+            render=rendering.watch_renderer(kind, wanted or _wanted(request)),
         )
         try:
             watcher = self.store.watch(kind.bucket, namespace, since)
@@ -408,18 +475,29 @@ def _discovery_document(path: str, host: str) -> JSONDict | None:
 
 
 async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        raise errors.bad_request(f"couldn't get version/kind; json parse error: {error}") from None
+    return bodies.parse_json(await request.read())
 
 
-async def _read_object(request: web.Request) -> JSONDict:
-    body = await _read_json(request)
-    if not isinstance(body, dict):
-        raise errors.bad_request("the request body must be a JSON object")
-    return body
+def _wanted(request: web.Request) -> rendering.Wanted:
+    return rendering.negotiate(
+        request.headers.get("Accept", ""), request.query.get("includeObject")
+    )
+
+
+def _options(
+    request: web.Request,
+    verb: Verb,
+    *,
+    apply: bool = False,
+    delete_options: JSONDict | None = None,
+) -> WriteOptions:
+    return write_options(
+        request.query,
+        verb,
+        apply=apply,
+        user_agent=request.headers.get("User-Agent", ""),
+        delete_options=delete_options,
+    )
 
 
 def _flag(value: str | None) -> bool:

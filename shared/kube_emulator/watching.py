@@ -25,6 +25,8 @@ from .registry import matches
 from .store import Change, Expiry, Store, Watcher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .resources import ResourceKind
     from .selectors import FieldSelector, LabelSelector
 
@@ -38,6 +40,13 @@ class WatchOptions:
     bookmarks: bool
     bookmark_interval_s: float
     """How long a quiet watch waits before sending a BOOKMARK (when bookmarks are allowed)."""
+    render: Callable[[JSONDict], JSONDict] | None = None
+    """What each event carries instead of the object (a Table row for kubectl get -w)."""
+
+
+def _shown(kind: ResourceKind, stored: JSONDict, options: WatchOptions) -> JSONDict:
+    obj = kind.from_storage(stored)
+    return obj if options.render is None else options.render(obj)
 
 
 def event_line(event_type: str, obj: JSONDict) -> bytes:
@@ -48,12 +57,14 @@ def visible_event(kind: ResourceKind, change: Change, options: WatchOptions) -> 
     """The line a watcher with these selectors sees for `change`, or None if it sees nothing."""
     now_matches = matches(kind, change.object, options.labels, options.fields)
     if change.type != "MODIFIED":
-        return event_line(change.type, kind.from_storage(change.object)) if now_matches else None
+        return (
+            event_line(change.type, _shown(kind, change.object, options)) if now_matches else None
+        )
     assert change.previous is not None
     matched_before = matches(kind, change.previous, options.labels, options.fields)
     if now_matches:
         return event_line(
-            "MODIFIED" if matched_before else "ADDED", kind.from_storage(change.object)
+            "MODIFIED" if matched_before else "ADDED", _shown(kind, change.object, options)
         )
     if matched_before:
         # Left the selection: DELETED, with the state it was last seen in, at this revision.
@@ -62,7 +73,7 @@ def visible_event(kind: ResourceKind, change: Change, options: WatchOptions) -> 
             **metadata(change.previous),
             "resourceVersion": str(change.revision),
         }
-        return event_line("DELETED", kind.from_storage(last_seen))
+        return event_line("DELETED", _shown(kind, last_seen, options))
     return None
 
 

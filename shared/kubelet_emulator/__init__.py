@@ -9,6 +9,9 @@ In-process (tests, ``numafit simulate``)::
             await kubelet.wait_for_devices("nvidia.com/gpu", 20)
         admission = await kubelet.admit_container("uid-1", "main", gpu_count=1, exclusive_cpus=4)
 
+With ``KubeletEmulator(config, TopologyPublisher(sink, node, policy))`` it also publishes the
+node's NodeResourceTopology after every admission and release, as NFD's topology-updater does.
+
 As a program: :func:`main` (``numafit run kubelet-emulator``).
 """
 
@@ -19,7 +22,13 @@ from shared.kubelet_emulator.config import (
     TopologyPolicy,
     parse_cpus,
 )
-from shared.kubelet_emulator.emulator import SUPPORTED_VERSIONS, Admission, KubeletEmulator
+from shared.kubelet_emulator.emulator import (
+    SUPPORTED_VERSIONS,
+    Admission,
+    ContainerAsk,
+    KubeletEmulator,
+    PodAdmission,
+)
 from shared.kubelet_emulator.errors import (
     AdmissionError,
     RegistrationError,
@@ -29,21 +38,26 @@ from shared.kubelet_emulator.errors import (
 from shared.kubelet_emulator.ledger import ContainerKey, PluginDevice
 from shared.kubelet_emulator.placement import FreeDevice, Placement, choose_devices, place
 from shared.kubelet_emulator.resource_names import is_extended_resource_name
+from shared.kubelet_emulator.topology import TopologyPublisher, TopologySink
 
 __all__ = [
     "DEVICE_PLUGIN_DIR",
     "SUPPORTED_VERSIONS",
     "Admission",
     "AdmissionError",
+    "ContainerAsk",
     "ContainerKey",
     "FreeDevice",
     "KubeletConfig",
     "KubeletEmulator",
     "Placement",
     "PluginDevice",
+    "PodAdmission",
     "RegistrationError",
     "TopologyAffinityError",
     "TopologyPolicy",
+    "TopologyPublisher",
+    "TopologySink",
     "UnexpectedAdmissionError",
     "choose_devices",
     "is_extended_resource_name",

@@ -6,12 +6,14 @@ thing and the emulator never reads flags or globals.
 
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+# One definition of the policies for the emulator and the scheduler's prediction.
+from shared.core.numa_prediction import TopologyPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -23,15 +25,6 @@ MAX_SOCKET_PATH = 107
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Where a real kubelet keeps ``kubelet.sock`` and the plugins' sockets."""
-
-
-class TopologyPolicy(enum.StrEnum):
-    """kubelet's ``--topology-manager-policy`` values."""
-
-    NONE = "none"
-    BEST_EFFORT = "best-effort"
-    RESTRICTED = "restricted"
-    SINGLE_NUMA_NODE = "single-numa-node"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,22 +22,28 @@ from typing import TYPE_CHECKING
 
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
-from shared.kubelet_emulator.errors import RegistrationError, UnexpectedAdmissionError
+from shared.kubelet_emulator.errors import (
+    AdmissionError,
+    RegistrationError,
+    UnexpectedAdmissionError,
+)
 from shared.kubelet_emulator.ledger import ContainerKey, CpuLedger, DeviceLedger, PluginDevice
 from shared.kubelet_emulator.placement import choose_devices, place
 from shared.kubelet_emulator.plugin_connection import PluginConnection, describe_rpc_error
 from shared.kubelet_emulator.registration import RegistrationService
 from shared.kubelet_emulator.resource_names import is_extended_resource_name
+from shared.kubelet_emulator.topology import zones
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
     from types import TracebackType
 
     from proto.v1beta1 import api_pb2
     from shared.kubelet_emulator.config import KubeletConfig
+    from shared.kubelet_emulator.topology import TopologyPublisher
 
-__all__ = ["SUPPORTED_VERSIONS", "Admission", "KubeletEmulator"]
+__all__ = ["SUPPORTED_VERSIONS", "Admission", "ContainerAsk", "KubeletEmulator", "PodAdmission"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +74,40 @@ class Admission:
         return dict(self.response.envs) if self.response is not None else {}
 
 
-class KubeletEmulator:
-    """One node's kubelet, as far as device plugins and container admission go."""
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    """One container of a pod to admit: what kubelet's managers see of it."""
 
-    def __init__(self, config: KubeletConfig) -> None:
+    name: str
+    gpu_count: int = 0
+    exclusive_cpus: int = 0
+    resource: str = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class PodAdmission:
+    """A pod's admission: its containers admitted in order, up to the one refused."""
+
+    pod_uid: str
+    admitted: tuple[Admission, ...]
+    error: AdmissionError | None = None
+    """Why the container after the last admitted one was refused (the pod fails)."""
+
+    @property
+    def failed_index(self) -> int | None:
+        return len(self.admitted) if self.error is not None else None
+
+
+class KubeletEmulator:
+    """One node's kubelet, as far as device plugins and container admission go.
+
+    With a `topology` publisher it also plays NFD's topology-updater: the node's
+    NodeResourceTopology is written after every pod admission and release.
+    """
+
+    def __init__(self, config: KubeletConfig, topology: TopologyPublisher | None = None) -> None:
         self.config = config
+        self.topology = topology
         self._server: aio.Server | None = None
         self._plugins: dict[str, PluginConnection] = {}
         self._registrations: dict[str, int] = {}
@@ -224,27 +259,42 @@ class KubeletEmulator:
         Raises ``TopologyAffinityError`` or ``UnexpectedAdmissionError``; on
         failure nothing is consumed. Admissions are serialized.
         """
-        owner = ContainerKey(pod_uid, container_name)
         async with self._admitting:
-            if owner in self._admitted:
-                raise ValueError(f"container {pod_uid}/{container_name} is already admitted")
             try:
-                admission = await self._admit(owner, resource, gpu_count, exclusive_cpus)
-            except Exception as exc:
-                logger.info(
-                    "container refused",
-                    extra={
-                        **self._log,
-                        "pod_uid": pod_uid,
-                        "container": container_name,
-                        "reason": getattr(exc, "reason", type(exc).__name__),
-                        "error": str(exc),
-                    },
+                return await self._admit_locked(
+                    pod_uid, container_name, resource, gpu_count, exclusive_cpus
                 )
-                raise
-            self._devices.allocate(resource, admission.device_ids, owner)
-            self._cpus.allocate(admission.cpu_numa, exclusive_cpus, owner)
-            self._admitted.add(owner)
+            finally:
+                await self._publish_locked()
+
+    async def _admit_locked(
+        self,
+        pod_uid: str,
+        container_name: str,
+        resource: str,
+        gpu_count: int,
+        exclusive_cpus: int,
+    ) -> Admission:
+        owner = ContainerKey(pod_uid, container_name)
+        if owner in self._admitted:
+            raise ValueError(f"container {pod_uid}/{container_name} is already admitted")
+        try:
+            admission = await self._admit(owner, resource, gpu_count, exclusive_cpus)
+        except Exception as exc:
+            logger.info(
+                "container refused",
+                extra={
+                    **self._log,
+                    "pod_uid": pod_uid,
+                    "container": container_name,
+                    "reason": getattr(exc, "reason", type(exc).__name__),
+                    "error": str(exc),
+                },
+            )
+            raise
+        self._devices.allocate(resource, admission.device_ids, owner)
+        self._cpus.allocate(admission.cpu_numa, exclusive_cpus, owner)
+        self._admitted.add(owner)
         logger.info(
             "container admitted",
             extra={
@@ -257,16 +307,57 @@ class KubeletEmulator:
         )
         return admission
 
+    async def admit_pod(self, pod_uid: str, containers: Sequence[ContainerAsk]) -> PodAdmission:
+        """Admit a pod like kubelet: its containers in order (init containers first), as one
+        admission. The first refusal fails the pod, which then holds nothing. The node's
+        NodeResourceTopology is published afterwards, either way."""
+        admitted: list[Admission] = []
+        error: AdmissionError | None = None
+        async with self._admitting:
+            for ask in containers:
+                try:
+                    admitted.append(
+                        await self._admit_locked(
+                            pod_uid, ask.name, ask.resource, ask.gpu_count, ask.exclusive_cpus
+                        )
+                    )
+                except AdmissionError as exc:
+                    error = exc
+                    self._release_locked(pod_uid)
+                    break
+            await self._publish_locked()
+        return PodAdmission(pod_uid, tuple(admitted), error)
+
     async def release_pod(self, pod_uid: str) -> None:
         """Free every device and CPU held by the pod's containers."""
         async with self._admitting:
-            freed = self._devices.release_pod(pod_uid)
-            cpus = self._cpus.release_pod(pod_uid)
-            self._admitted = {key for key in self._admitted if key.pod_uid != pod_uid}
+            self._release_locked(pod_uid)
+            await self._publish_locked()
+
+    def _release_locked(self, pod_uid: str) -> None:
+        freed = self._devices.release_pod(pod_uid)
+        cpus = self._cpus.release_pod(pod_uid)
+        self._admitted = {key for key in self._admitted if key.pod_uid != pod_uid}
         logger.info(
             "pod released",
             extra={**self._log, "pod_uid": pod_uid, "devices": freed, "cpus": cpus},
         )
+
+    async def publish_topology(self) -> None:
+        """Publish the node's NodeResourceTopology now (a topology-updater's first write)."""
+        async with self._admitting:
+            await self._publish_locked()
+
+    async def _publish_locked(self) -> None:
+        if self.topology is None:
+            return
+        figures = zones(
+            self.config.cpus,
+            self._cpus.free(),
+            self._devices.every_resource(),
+            {r: self._devices.allocations(r) for r in self._devices.every_resource()},
+        )
+        await self.topology.publish(figures)
 
     async def _admit(
         self, owner: ContainerKey, resource: str, gpu_count: int, cpu_count: int

@@ -69,6 +69,10 @@ class DeviceLedger:
     def devices(self, resource: str) -> tuple[PluginDevice, ...]:
         return self._devices.get(resource, ())
 
+    def every_resource(self) -> dict[str, tuple[PluginDevice, ...]]:
+        """The latest device list of every resource."""
+        return dict(self._devices)
+
     def topology_aware(self, resource: str) -> bool:
         """True when any device of the resource reports NUMA nodes (kubelet's hint rule)."""
         return any(device.numa_nodes for device in self.devices(resource))

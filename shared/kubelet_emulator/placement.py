@@ -1,5 +1,8 @@
 """kubelet's Topology Manager decision for one container, as a pure function.
 
+Which NUMA node wins is the core's rule (``shared.core.numa_prediction.kubelet_choice``), the
+same one the scheduler predicts with; this module adds what kubelet then offers the plugin.
+
 Given the free exclusive CPUs per NUMA node and the free healthy device
 replicas, :func:`place` answers which NUMA node the container is pinned to and
 which replica IDs kubelet may hand out (the ``available_deviceIDs`` of
@@ -25,16 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.kubelet_emulator.config import TopologyPolicy
+from shared.core.numa_prediction import TopologyPolicy, Verdict, kubelet_choice
 from shared.kubelet_emulator.errors import TopologyAffinityError, UnexpectedAdmissionError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 __all__ = ["FreeDevice", "Placement", "choose_devices", "place"]
-
-_ALIGNING = (TopologyPolicy.SINGLE_NUMA_NODE, TopologyPolicy.RESTRICTED)
-"""Policies that refuse a container without a single-NUMA placement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,40 +74,50 @@ def place(
     gpu_count: int,
     cpu_count: int,
 ) -> Placement:
-    """Decide like kubelet's Topology Manager; raise its admission errors."""
+    """Decide like kubelet's Topology Manager; raise its admission errors.
+
+    The NUMA node comes from the rule the scheduler predicts with
+    (shared/core/numa_prediction.py); this adds which replicas kubelet offers."""
     if gpu_count < 0 or cpu_count < 0:
         raise ValueError("gpu_count and cpu_count must be >= 0")
     request = _Request(resource, gpu_count, cpu_count)
-    numa_nodes = sorted(
-        {n for n in free_cpus if n >= 0}
-        | {n for device in free_devices for n in device.numa_nodes if n >= 0}
+    choice = kubelet_choice(
+        policy,
+        free_cpus=free_cpus,
+        free_replicas=replicas_per_numa(free_devices),
+        topology_aware=topology_aware,
+        gpu_count=gpu_count,
+        cpu_count=cpu_count,
     )
-    cpu_nodes = [n for n in numa_nodes if free_cpus.get(n, 0) >= cpu_count]
     every_id = tuple(device.id for device in free_devices)
-
-    if cpu_count > 0 and not cpu_nodes:
-        if policy in _ALIGNING:
-            raise TopologyAffinityError()
-        raise _not_enough_cpus(request, free_cpus)
-
-    if policy is TopologyPolicy.NONE or gpu_count == 0 or not topology_aware:
-        return _checked(Placement(_first(cpu_nodes), every_id, True), request)
 
     def on_node(numa: int) -> tuple[str, ...]:
         return tuple(device.id for device in free_devices if numa in device.numa_nodes)
 
-    candidates = [n for n in cpu_nodes if len(on_node(n)) >= gpu_count]
-    if candidates:
-        return Placement(candidates[0], on_node(candidates[0]), True)
-    if policy in _ALIGNING:
+    if choice.verdict is Verdict.TOPOLOGY_AFFINITY_ERROR:
         raise TopologyAffinityError()
-    # best-effort: admit anyway, on the CPU-fitting node with the most free replicas.
-    if not cpu_nodes:
+    if choice.verdict is Verdict.NOT_ENOUGH_CPUS:
+        raise _not_enough_cpus(request, free_cpus)
+    if choice.verdict is Verdict.UNCONSTRAINED:
+        return _checked(Placement(choice.numa, every_id, True), request)
+    if choice.verdict is Verdict.ALIGNED:
+        assert choice.numa is not None  # an aligned choice names its NUMA node
+        return Placement(choice.numa, on_node(choice.numa), True)
+    # best-effort without a fitting NUMA node: that node's replicas first, then every other.
+    if choice.numa is None:
         return _checked(Placement(None, every_id, False), request)
-    numa = max(cpu_nodes, key=lambda n: (len(on_node(n)), -n))
-    aligned_ids = on_node(numa)
+    aligned_ids = on_node(choice.numa)
     others = tuple(i for i in every_id if i not in aligned_ids)
-    return _checked(Placement(numa, aligned_ids + others, False), request)
+    return _checked(Placement(choice.numa, aligned_ids + others, False), request)
+
+
+def replicas_per_numa(free_devices: Sequence[FreeDevice]) -> dict[int, int]:
+    """Free replicas per NUMA node (a replica reporting two NUMA nodes counts on both)."""
+    counts: dict[int, int] = {}
+    for device in free_devices:
+        for numa in device.numa_nodes:
+            counts[numa] = counts.get(numa, 0) + 1
+    return counts
 
 
 def choose_devices(
@@ -126,10 +136,6 @@ def choose_devices(
     ):
         return tuple(preferred), True
     return tuple(available[:count]), False
-
-
-def _first(nodes: Sequence[int]) -> int | None:
-    return nodes[0] if nodes else None
 
 
 def _not_enough_cpus(request: _Request, free_cpus: Mapping[int, int]) -> UnexpectedAdmissionError:

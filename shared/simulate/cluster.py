@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from shared.kube_emulator import KubeEmulator
 from shared.kube_emulator.scheduler_webhook import emulator_admission_hook
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator
+from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPublisher
 from shared.nats_server import NatsServer
+from shared.service.kube_topology import TopologyApi
 from shared.service.wiring import InProcess
 from svc_accounting import service as accounting_service
 from svc_deviceplugin import service as deviceplugin_service
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
     from shared.core.accounting import TrackedPod
     from shared.service.kube_io import Kube
+    from shared.simulate.driver import Observed
     from shared.simulate.scenario import NodeSpec, Scenario
 
 RESOURCE = "nvidia.com/gpu"
@@ -55,7 +57,8 @@ class SimNode:
     def policy_none(self) -> bool:
         return self.spec.topology_policy.value == "none"
 
-    def refit_outcome(self, pod_uid: str, index: int) -> str:
+    def refit_outcome(self, pod_uid: str, index: int, seen: Observed) -> str:
+        # The plugin runs in this process: its own record is exact (`seen` is not needed).
         return self.plugin.allocator.outcomes.get((pod_uid, index), "none")
 
 
@@ -73,6 +76,9 @@ class SimCluster:
     scheduler: scheduler_service.SchedulerService | None = None
     wiring: InProcess | None = None
     """Every service and client of the cluster, wired as `numafit run` wires each."""
+    scheduler_host: str = "127.0.0.1"
+    scheduler_port: int = 0
+    """Where the extender and webhook listen (0: a free port; `numafit up` names one)."""
     _socket_dirs: list[Path] = field(default_factory=list)
 
     def _registry(self, name: str) -> CollectorRegistry:
@@ -104,7 +110,9 @@ class SimCluster:
         )
         self.scheduler = await wiring.start(
             scheduler_service.spec(
-                scheduler_service.SchedulerOptions(config=config, host="127.0.0.1", port=0)
+                scheduler_service.SchedulerOptions(
+                    config=config, host=self.scheduler_host, port=self.scheduler_port
+                )
             ),
             client_name="scheduler",
             registry=self._registry("scheduler"),
@@ -118,17 +126,25 @@ class SimCluster:
             for sim in self.nodes.values():
                 await sim.plugin.inventory_registered.wait()
             await self.scheduler.read_model.ready.wait()
+            for name in self.nodes:
+                await self.topology_seen(name)
 
     async def _start_node(self, wiring: InProcess, spec: NodeSpec) -> None:
         directory = Path(tempfile.mkdtemp(prefix="nf-", dir="/tmp"))  # short unix socket paths
         self._socket_dirs.append(directory)
+        publisher = None
+        if spec.node_resource_topology:
+            # The node's topology-updater: its own client, as NFD's runs in its own pod.
+            sink = TopologyApi(await wiring.kube(f"topology-updater-{spec.name}"))
+            publisher = TopologyPublisher(sink, spec.name, spec.topology_policy)
         kubelet = KubeletEmulator(
             KubeletConfig(
                 directory=directory,
                 node_name=spec.name,
                 topology_policy=spec.topology_policy,
                 cpus=spec.cpus,
-            )
+            ),
+            publisher,
         )
         await kubelet.start()
         registry = CollectorRegistry(auto_describe=True)
@@ -145,6 +161,7 @@ class SimCluster:
         replicas = sum(g.replicas or DEFAULT_REPLICAS for g in spec.gpus)
         async with asyncio.timeout(30):
             await kubelet.wait_for_devices(RESOURCE, replicas)
+        await kubelet.publish_topology()
         self.nodes[spec.name] = SimNode(spec, kubelet, plugin, registry)
 
     async def stop(self) -> None:
@@ -163,6 +180,29 @@ class SimCluster:
         await asyncio.to_thread(self.nats.stop)
         for directory in [*self._socket_dirs, self.workdir]:
             shutil.rmtree(directory, ignore_errors=True)
+
+    async def topology_seen(self, node: str) -> None:
+        """Until the scheduler has seen the node's last published NodeResourceTopology (the
+        next decision is then made on the figures, not on what the scheduler assumes)."""
+        assert self.scheduler is not None
+        publisher = self.nodes[node].kubelet.topology
+        if publisher is None or publisher.last_sampled_at is None:
+            return
+        sampled = publisher.last_sampled_at
+        watch = self.scheduler.topology
+        seen = watch.state.topology
+
+        def caught_up() -> bool:
+            topology = seen(node)
+            return topology is not None and (topology.sampled_at or 0.0) >= sampled
+
+        async with asyncio.timeout(10):
+            await watch.wait_until(caught_up)
+
+    async def predictions_settled(self) -> None:
+        """Every prediction the scheduler can judge is judged (the counts are final)."""
+        assert self.scheduler is not None
+        await self.scheduler.topology.settle()
 
     # --- the driver's Environment -----------------------------------------------------------
 

@@ -5,7 +5,8 @@ names (nodeCacheCapable), /prioritize, pick the best-scored node, /bind. kubelet
 containers in its order (init containers first) through the kubelet emulator, whose Topology
 Manager and CPU manager call the real device plugin; on success the pod runs (its regular init
 containers are reported exited 0), on an admission error it fails. Each step waits for
-accounting to have seen the outcome, so the next pod is decided on settled state.
+accounting to have seen the outcome, and for the scheduler to have seen the node's
+NodeResourceTopology where it publishes one, so the next pod is decided on settled state.
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared.core import codec, keys
+from shared.core import codec, keys, numa_prediction
+from shared.core.errors import CoreError
 from shared.core.model import ContainerKind
-from shared.core.pods import pod_from_object
+from shared.core.pods import Alignment, parse_alignment, pod_from_object
 from shared.core.quantity import parse_quantity
 from shared.core.replicas import physical_ids
-from shared.kubelet_emulator import AdmissionError, KubeletEmulator
+from shared.kubelet_emulator import (
+    AdmissionError,
+    ContainerAsk,
+    KubeletEmulator,
+    UnexpectedAdmissionError,
+)
 from shared.service import kube_io
 from shared.simulate.scenario import CreatePod, DeletePod
 
@@ -34,6 +41,37 @@ if TYPE_CHECKING:
 RESOURCE = "nvidia.com/gpu"
 
 
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What kubelet saw of one container's admission."""
+
+    reserved: tuple[str, ...]
+    """The GPUs the scheduler reserved for it (before admission)."""
+    gpus: tuple[str, ...]
+    """The GPUs kubelet allocated (what runs; empty when refused)."""
+    honoured: bool
+    """The plugin's GetPreferredAllocation answer was taken."""
+    alignment: Alignment | None
+    error: AdmissionError | None = None
+
+
+def observed_refit(seen: Observed) -> str:
+    """The refit outcome as kubelet's side of the exchange shows it (the plugin's own record
+    is in another process): the plugin picked other GPUs than reserved -> `moved`; it left the
+    choice to kubelet after a mismatch of an opted-in pod -> `fallback` (refused, unanswered
+    or timed out: the refit service's log says which); a strict pod refused by the plugin ->
+    `strict_failed`; otherwise `none`."""
+    if seen.error is not None:
+        strict = seen.alignment is Alignment.STRICT
+        plugin_refused = isinstance(seen.error, UnexpectedAdmissionError)
+        return "strict_failed" if strict and plugin_refused and seen.reserved else "none"
+    if set(seen.gpus) == set(seen.reserved):
+        return "none"
+    if seen.honoured:
+        return "moved"
+    return "fallback" if seen.alignment is not None else "none"
+
+
 class NodeHandle(Protocol):
     """One node as the driver sees it: its kubelet, its GPUs' NUMA nodes, refit outcomes."""
 
@@ -45,7 +83,7 @@ class NodeHandle(Protocol):
     @property
     def policy_none(self) -> bool: ...
 
-    def refit_outcome(self, pod_uid: str, index: int) -> str: ...
+    def refit_outcome(self, pod_uid: str, index: int, seen: Observed) -> str: ...
 
 
 class Environment(Protocol):
@@ -61,6 +99,9 @@ class Environment(Protocol):
     def node_handles(self) -> Mapping[str, NodeHandle]: ...
 
     async def tracked(self, uid: str) -> TrackedPod | None: ...
+
+    async def topology_seen(self, node: str) -> None:
+        """Until the scheduler has seen the node's last NodeResourceTopology (if it has one)."""
 
 
 log = logging.getLogger("numafit.simulate")
@@ -118,19 +159,11 @@ class PodReport:
 
 def exclusive_cpus(container: dict[str, Any]) -> int:
     """Integer CPUs of a container with equal CPU requests and limits (the static CPU manager
-    gives those exclusive cores); 0 otherwise."""
+    gives those exclusive cores); 0 otherwise. The scheduler predicts by the same rule."""
     resources = container.get("resources") or {}
-    limits = (resources.get("limits") or {}).get("cpu")
-    requests = (resources.get("requests") or {}).get("cpu", limits)
-    if limits is None:
-        return 0
-    try:
-        value, wanted = parse_quantity(limits), parse_quantity(requests)
-    except ValueError:
-        return 0
-    if value != wanted or value.denominator != 1 or value <= 0:
-        return 0
-    return int(value)
+    return numa_prediction.exclusive_cpus(
+        resources.get("limits") or {}, resources.get("requests") or {}
+    )
 
 
 def gpu_count(container: dict[str, Any]) -> int:
@@ -185,6 +218,7 @@ class Driver:
         nodes = self.env.node_handles
         if report is not None and report.node in nodes:
             await nodes[report.node].kubelet.release_pod(report.uid)
+            await self.env.topology_seen(report.node)
         if report is not None and report.uid:
             await self._settled(lambda: self._ledger_forgot(report.uid))
         if report is not None:
@@ -265,36 +299,47 @@ class Driver:
         spec = current.get("spec") or {}
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
         known = frozenset(sim.gpu_numa)
-        for index, container in enumerate(containers):
-            entry = report.containers[index]
+        for index, entry in enumerate(report.containers):
             if index < len(reserved):
                 entry.reserved_gpus = [d.uuid for d in reserved[index]]
-            try:
-                admission = await sim.kubelet.admit_container(
-                    report.uid,
-                    container["name"],
-                    resource=RESOURCE,
-                    gpu_count=gpu_count(container),
-                    exclusive_cpus=exclusive_cpus(container),
-                )
-            except AdmissionError as exc:
-                entry.refit = sim.refit_outcome(report.uid, index)
-                report.phase = "Failed"
-                report.reason = exc.reason
-                report.message = str(exc)
-                await sim.kubelet.release_pod(report.uid)
-                await self.kube.patch_pod_status(
-                    report.namespace,
-                    report.name,
-                    {"phase": "Failed", "reason": exc.reason, "message": str(exc)},
-                )
-                await self._settled(lambda: self._ledger_forgot(report.uid))
-                return
+        try:
+            alignment = parse_alignment(pod.annotations.get(keys.NUMA_ALIGNMENT))
+        except CoreError:
+            alignment = None
+        asks = [
+            ContainerAsk(c["name"], gpu_count(c), exclusive_cpus(c), RESOURCE) for c in containers
+        ]
+        result = await sim.kubelet.admit_pod(report.uid, asks)
+        for index, admission in enumerate(result.admitted):
+            entry = report.containers[index]
             entry.gpus = physical_ids(admission.device_ids, known)
             entry.gpu_numa = [sim.gpu_numa[g] for g in entry.gpus]
             entry.cpu_numa = admission.cpu_numa
             entry.aligned = sim.policy_none or all(n == admission.cpu_numa for n in entry.gpu_numa)
-            entry.refit = sim.refit_outcome(report.uid, index)
+            seen = Observed(
+                tuple(entry.reserved_gpus),
+                tuple(entry.gpus),
+                admission.preferred_honoured,
+                alignment,
+            )
+            entry.refit = sim.refit_outcome(report.uid, index, seen)
+        if result.error is not None:
+            exc = result.error
+            index = len(result.admitted)
+            entry = report.containers[index]
+            seen = Observed(tuple(entry.reserved_gpus), (), False, alignment, exc)
+            entry.refit = sim.refit_outcome(report.uid, index, seen)
+            report.phase = "Failed"
+            report.reason = exc.reason
+            report.message = str(exc)
+            await self.kube.patch_pod_status(
+                report.namespace,
+                report.name,
+                {"phase": "Failed", "reason": exc.reason, "message": str(exc)},
+            )
+            await self._settled(lambda: self._ledger_forgot(report.uid))
+            await self.env.topology_seen(node)
+            return
         status = {
             "phase": "Running",
             "initContainerStatuses": [
@@ -317,6 +362,7 @@ class Driver:
             for index, entry in enumerate(report.containers):
                 if index < len(tracked.rows):
                     entry.ledger_gpus = [d.uuid for d in tracked.rows[index]]
+        await self.env.topology_seen(node)
 
     # --- waiting for accounting -------------------------------------------------------------
 

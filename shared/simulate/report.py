@@ -11,12 +11,15 @@ import aiohttp
 
 from shared.simulate.cluster import SimCluster
 from shared.simulate.driver import Driver, PodReport
-from shared.simulate.scenario import CreatePod, Scenario
+from shared.simulate.scenario import COMPARE_NRT, CreatePod, Scenario
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from prometheus_client import CollectorRegistry
+
+
+PREDICTIONS = "numafit_scheduler_numa_predictions_total"
 
 
 def collect_metrics(registries: Iterable[CollectorRegistry]) -> dict[str, float]:
@@ -40,7 +43,56 @@ async def simulate(
     progress: Callable[[str], None] = lambda _: None,
     keep: Callable[[SimCluster], Any] | None = None,
 ) -> dict[str, Any]:
-    """Start everything, run every step in order, and return the report."""
+    """Start everything, run every step in order, and return the report. A scenario with
+    `compare: nodeResourceTopology` is run a second time with every node publishing
+    NodeResourceTopology the other way; the report is the first run's, with `comparison`."""
+    if scenario.compare is None:
+        return await _run(scenario, progress, keep)
+    report = await _run(scenario, progress, None)
+    other_scenario = scenario.with_node_resource_topology_flipped()
+    other_with = any(n.node_resource_topology for n in other_scenario.nodes)
+    progress(
+        "the same pods again, "
+        + ("with NodeResourceTopology" if other_with else "without NodeResourceTopology")
+    )
+    other = await _run(other_scenario, progress, keep)
+    runs = {_nrt_label(scenario): report, _nrt_label(other_scenario): other}
+    report["comparison"] = {COMPARE_NRT: {label: refit_counts(r) for label, r in runs.items()}}
+    report["_other"] = other
+    return report
+
+
+def _nrt_label(scenario: Scenario) -> str:
+    return "with" if any(n.node_resource_topology for n in scenario.nodes) else "without"
+
+
+def refit_counts(report: dict[str, Any]) -> dict[str, Any]:
+    """One run's refits, over every pod it created (the deleted ones too): containers that ran
+    on GPUs, needed a refit (any outcome but `none`), had it moved, refused, failed strict,
+    run misaligned; and the scheduler's NUMA predictions."""
+    pods = [*report["_table"]["deleted"], *report["pods"]]
+    containers = [c for p in pods for c in p["containers"]]
+    refits = [c["refit"] for c in containers if c["refit"] != "none"]
+    metrics = report["metrics"]
+    return {
+        "ranOnGpus": sum(1 for c in containers if c["gpus"]),
+        "refits": len(refits),
+        "moved": refits.count("moved"),
+        "refused": sum(1 for r in refits if r.startswith("refused:")),
+        "strictFailed": refits.count("strict_failed"),
+        "misaligned": sum(1 for c in containers if c["gpus"] and not c["aligned"]),
+        "predictions": {
+            result: int(metrics.get(f'{PREDICTIONS}{{result="{result}"}}', 0))
+            for result in ("hit", "miss", "none")
+        },
+    }
+
+
+async def _run(
+    scenario: Scenario,
+    progress: Callable[[str], None],
+    keep: Callable[[SimCluster], Any] | None,
+) -> dict[str, Any]:
     cluster = SimCluster(scenario)
     try:
         await cluster.start(progress)
@@ -55,6 +107,7 @@ async def simulate(
                 )
                 progress(f"[{number}/{total}] {what}")
                 await driver.run(step)
+            await cluster.predictions_settled()
             report = build_report(cluster, list(driver.reports.values()), driver.deleted)
         if keep is not None:
             await keep(cluster)
@@ -110,6 +163,43 @@ def public(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_table(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    comparison = report.get("comparison", {}).get(COMPARE_NRT)
+    other = report.get("_other")
+    if comparison is None or other is None:
+        _render_run(report, out)
+        return
+    first, second = list(comparison)  # the scenario's own run first
+    out.write(f"Run 1, {first} NodeResourceTopology:\n\n")
+    _render_run(report, out)
+    out.write(f"\nRun 2, the same pods {second} NodeResourceTopology:\n\n")
+    _render_run(other, out)
+    _render_comparison(comparison, out)
+
+
+def _render_comparison(comparison: dict[str, Any], out: TextIO) -> None:
+    """The two runs' refit counts side by side."""
+    out.write("\nThe same pods without and with NodeResourceTopology:\n")
+    rows = [("NODERESOURCETOPOLOGY", "REFITS", "MOVED", "REFUSED", "STRICT FAILED", "PREDICTED")]
+    for label in ("without", "with"):
+        counts = comparison.get(label)
+        if counts is None:
+            continue
+        predictions = counts["predictions"]
+        judged = predictions["hit"] + predictions["miss"]
+        rows.append(
+            (
+                label,
+                str(counts["refits"]),
+                str(counts["moved"]),
+                str(counts["refused"]),
+                str(counts["strictFailed"]),
+                f"{predictions['hit']}/{judged} hit" if judged else "-",
+            )
+        )
+    _print_rows(rows, out)
+
+
+def _render_run(report: dict[str, Any], out: TextIO) -> None:
     table = report["_table"]
     rows = [
         ("POD", "NODE", "PHASE", "CONTAINER", "GPUS", "GPU NUMA", "CPU NUMA", "ALIGNED", "REFIT")

@@ -6,8 +6,11 @@
         cpus: {0: 32, 1: 32}               # allocatable exclusive CPUs per NUMA node
         gpus:
           - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 1}   # cores 100, count 10
+        nodeResourceTopology: false        # true: the node publishes NodeResourceTopology
     config: {gpuSchedulerPolicy: spread, nodeSchedulerPolicy: binpack}
     pods: [<Pod manifests>, {delete: ns/name}, ...]
+    compare: nodeResourceTopology          # optional: run the pods again with every node's
+                                           # nodeResourceTopology the other way, report both
 
 Unknown keys and wrong types are refused with a message naming the line.
 """
@@ -15,7 +18,7 @@ Unknown keys and wrong types are refused with a message naming the line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,8 @@ class NodeSpec:
     topology_policy: TopologyPolicy
     cpus: dict[int, int]
     gpus: list[GpuInfo]
+    node_resource_topology: bool = False
+    """The node publishes NodeResourceTopology after every admission and release."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +89,24 @@ class DeletePod:
 Step = CreatePod | DeletePod
 
 
+COMPARE_NRT = "nodeResourceTopology"
+"""`compare` value: run again with every node's nodeResourceTopology the other way."""
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     nodes: list[NodeSpec]
     config: CoreConfig
     steps: list[Step]
+    compare: str | None = None
+    """A second run to report beside this one (`COMPARE_NRT`), or None."""
+
+    def with_node_resource_topology_flipped(self) -> Scenario:
+        """The same scenario with every node publishing NodeResourceTopology the other way."""
+        nodes = [
+            replace(n, node_resource_topology=not n.node_resource_topology) for n in self.nodes
+        ]
+        return replace(self, nodes=nodes, compare=None)
 
 
 class _Checker:
@@ -133,7 +151,7 @@ def parse_scenario(text: str, source: str = "scenario") -> Scenario:
     check = _Checker(loader.lines, source)
     if not isinstance(document, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with nodes, config and pods")
-    check.keys(document, {"nodes", "config", "pods"}, "the scenario")
+    check.keys(document, {"nodes", "config", "pods", "compare"}, "the scenario")
     nodes_obj = document.get("nodes")
     if not isinstance(nodes_obj, list) or not nodes_obj:
         raise check.fail(document, "nodes must be a non-empty list")
@@ -150,7 +168,14 @@ def parse_scenario(text: str, source: str = "scenario") -> Scenario:
     if not isinstance(pods_obj, list):
         raise check.fail(document, "pods must be a list")
     steps = [_step(check, item, pods_obj) for item in pods_obj]
-    return Scenario(nodes, config, steps)
+    compare = document.get("compare")
+    if compare is not None and compare != COMPARE_NRT:
+        raise check.fail(document, f"compare must be {COMPARE_NRT} (or left out)")
+    if compare is not None and len({n.node_resource_topology for n in nodes}) > 1:
+        raise check.fail(
+            document, "compare: every node must have the same nodeResourceTopology setting"
+        )
+    return Scenario(nodes, config, steps, compare)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -163,7 +188,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def _node(check: _Checker, item: object) -> NodeSpec:
     node = check.mapping(item, "a node", item)
-    check.keys(node, {"name", "topologyPolicy", "cpus", "gpus"}, "a node")
+    check.keys(node, {"name", "topologyPolicy", "cpus", "gpus", "nodeResourceTopology"}, "a node")
     name = node.get("name")
     if not isinstance(name, str) or not name:
         raise check.fail(node, "a node needs a name")
@@ -190,7 +215,10 @@ def _node(check: _Checker, item: object) -> NodeSpec:
         gpus = parse_gpus(gpus_obj, where=f"node {name}: gpus")
     except TopologyError as exc:
         raise check.fail(gpus_obj if isinstance(gpus_obj, list) else node, str(exc)) from exc
-    return NodeSpec(name, policy, dict(cpus_obj), gpus)
+    nrt = node.get("nodeResourceTopology", False)
+    if not isinstance(nrt, bool):
+        raise check.fail(node, f"node {name}: nodeResourceTopology must be true or false")
+    return NodeSpec(name, policy, dict(cpus_obj), gpus, nrt)
 
 
 def _step(check: _Checker, item: object, parent: object) -> Step:

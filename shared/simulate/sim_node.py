@@ -2,10 +2,13 @@
 
 It plays the parts of a cluster that a laptop lacks: it creates its Node object, runs a kubelet
 emulator (Topology Manager + static CPU manager) on the device-plugin directory it shares with
-the real device plugin, and, as kube-scheduler and workload owners would, creates a pod every
-`--interval` seconds from a small mix (with and without `hami.io/numa-alignment`, with init
-containers and sidecars), schedules it through the extender, admits it, and deletes the oldest
-once `--max-pods` run, so refits keep happening on the dashboards.
+the real device plugin, publishes the node's NodeResourceTopology after every admission and
+release as NFD's topology-updater would (with `--node-resource-topology`), logs each pod
+placed with the refit outcome of each container as kubelet saw it, and, as kube-scheduler and
+workload owners would, creates a pod every `--interval` seconds from a small mix (with and
+without `hami.io/numa-alignment`, with init containers and sidecars), schedules it through the
+extender, admits it, and deletes the oldest once `--max-pods` run, so the dashboards keep
+moving (refits become rare once the scheduler predicts from NodeResourceTopology).
 """
 
 from __future__ import annotations
@@ -28,14 +31,21 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy, parse_cpus
+from shared.kubelet_emulator import (
+    KubeletConfig,
+    KubeletEmulator,
+    TopologyPolicy,
+    TopologyPublisher,
+    parse_cpus,
+)
 from shared.messages import MessageError, SnapshotReply, SnapshotRequest, TrackedPodWire
 from shared.service import kube_io, natsconn
 from shared.service.health import HealthServer, Readiness
 from shared.service.kube import api_client
+from shared.service.kube_topology import TopologyApi
 from shared.service.lifecycle import stop_on_signals
 from shared.service.logs import configure_logging
-from shared.simulate.driver import RESOURCE, Driver, NodeHandle
+from shared.simulate.driver import RESOURCE, Driver, NodeHandle, Observed, observed_refit
 from shared.simulate.scenario import CreatePod, DeletePod
 from svc_deviceplugin.discovery import SimulatedBackend
 
@@ -61,8 +71,9 @@ class _Node:
     def policy_none(self) -> bool:
         return self.none_policy
 
-    def refit_outcome(self, pod_uid: str, index: int) -> str:
-        return "none"  # the device plugin runs in its own process; its metrics tell
+    def refit_outcome(self, pod_uid: str, index: int, seen: Observed) -> str:
+        # The device plugin runs in its own process: judge from what kubelet saw.
+        return observed_refit(seen)
 
 
 class _Environment:
@@ -85,6 +96,9 @@ class _Environment:
     @property
     def node_handles(self) -> Mapping[str, NodeHandle]:
         return self._nodes
+
+    async def topology_seen(self, node: str) -> None:
+        """Pods come every few seconds here: the scheduler sees each update long before."""
 
     async def tracked(self, uid: str) -> TrackedPod | None:
         node = next(iter(self._nodes))
@@ -169,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology-policy", default="single-numa-node", choices=[p.value for p in TopologyPolicy]
     )
     parser.add_argument("--cpus", default="0=32,1=32", help="exclusive CPUs per NUMA node")
+    parser.add_argument(
+        "--node-resource-topology",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="publish the node's NodeResourceTopology after every admission and release, as "
+        "NFD's topology-updater does (the scheduler then predicts kubelet's NUMA choice, and "
+        "refits become rare)",
+    )
     parser.add_argument("--kubeconfig", default=env.get("KUBECONFIG"))
     parser.add_argument("--nats-url", default=env.get("NUMAFIT_NATS_URL", "nats://127.0.0.1:4222"))
     parser.add_argument("--scheduler-url", default="http://127.0.0.1:8888")
@@ -203,13 +225,20 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     nc = await natsconn.connect(args.nats_url, "sim-node", initial_timeout=60)
     api = await api_client(args.kubeconfig)
     kube = kube_io.Kube(api, "numafit-sim-node")
+    policy = TopologyPolicy(args.topology_policy)
+    publisher = (
+        TopologyPublisher(TopologyApi(kube), args.node, policy)
+        if args.node_resource_topology
+        else None
+    )
     kubelet = KubeletEmulator(
         KubeletConfig(
             directory=Path(args.dir),
             node_name=args.node,
-            topology_policy=TopologyPolicy(args.topology_policy),
+            topology_policy=policy,
             cpus=parse_cpus(args.cpus),
-        )
+        ),
+        publisher,
     )
     ssl_context: ssl.SSLContext | bool = False if args.insecure else ssl.create_default_context()
     try:
@@ -226,6 +255,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             await kubelet.wait_for_devices(RESOURCE, sum(g.replicas or 10 for g in gpus))
             while not await _registered(accounting, args.node):  # noqa: ASYNC110 - remote state
                 await asyncio.sleep(0.2)
+        await kubelet.publish_topology()
         connector = aiohttp.TCPConnector(ssl=ssl_context)
         async with aiohttp.ClientSession(connector=connector) as session:
             driver = Driver(env, session)

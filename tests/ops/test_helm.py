@@ -492,6 +492,9 @@ def test_scheduler_extender_wiring(charts: Charts, variant: str) -> None:
         expected |= {("", "pods/binding", "create"), ("", "events", "create")}
         expected |= {("", "events", "patch"), ("", "resourcequotas", "get")}
         expected |= {("", "resourcequotas", "list")}
+        # NodeResourceTopology: the NUMA figures the filter predicts kubelet's choice from.
+        topology = ("topology.node.k8s.io", "noderesourcetopologies")
+        expected |= {(*topology, v) for v in ("get", "list", "watch")}
         assert extender_role == expected
     else:
         assert not of_kind(objects, *RBAC_KINDS)

@@ -50,7 +50,7 @@ class Kubelets:
         report.containers = [ContainerReport(c.name) for c in pod_from_object(pod).containers]
         self._admitting, self._deleted_while_admitting = report.uid, False
         try:
-            await self.driver._admit(report, node)
+            await self.driver.admit(report, node)
         except kube_io.NotFound:  # deleted under our feet: its status write found no pod
             self._deleted_while_admitting = True
         finally:

@@ -9,7 +9,7 @@ remaining deadline); a 409 becomes `Conflict`, a 404 `NotFound`, anything else `
 from __future__ import annotations
 
 import datetime
-import uuid
+import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -175,7 +175,9 @@ class Kube:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{involved['name']}.{uuid.uuid4().hex[:16]}",
+                # As client-go names them: the object and the time in hex nanoseconds, so that
+                # Events listed by name come in the order they happened.
+                "name": f"{involved['name'][:235]}.{time.time_ns():x}",
                 "namespace": namespace,
             },
             "involvedObject": {

@@ -244,7 +244,7 @@ class Driver:
         if node is None:
             return report
         report.node = node
-        await self._admit(report, node)
+        await self.admit(report, node)
         return report
 
     async def _schedule(self, report: PodReport, pod: dict[str, Any]) -> str | None:
@@ -287,7 +287,7 @@ class Driver:
         report.reason, report.message = "BindError", "node stayed busy"
         return None
 
-    async def _admit(self, report: PodReport, node: str) -> None:
+    async def admit(self, report: PodReport, node: str) -> None:
         sim = self.env.node_handles[node]
         current = await self.kube.get_pod(report.namespace, report.name)
         pod = pod_from_object(current)

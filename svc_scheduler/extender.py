@@ -95,6 +95,8 @@ FAILURE_RESERVE = 0.3
 node's lock is released within the same deadline."""
 EVENT_TIMEOUT = 2.0
 """Longest an Event write may take (events are best effort, off the request path)."""
+FIT_CACHE_PRUNE_EVERY = 1024
+"""Placements between two prunes of the fit cache (of nodes the read model no longer has)."""
 REMEMBERED_RESERVATIONS = 4096
 """Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
 the annotations its own filter wrote)."""
@@ -136,6 +138,7 @@ class Extender:
         """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
         service's watch; without one no node has figures and nothing is predicted)."""
         self.fit_cache = FitCache()
+        self._placements = 0
         """Per-node fit outcomes by (node revision, snapshot, pod shape): unchanged nodes are
         not fitted again by the next filter (shared/core/nodes.py)."""
         self.events = EventRecorder(
@@ -255,6 +258,10 @@ class Extender:
         NUMA node kubelet is predicted to give it (svc_scheduler/topology.py). `assume`: this
         is the filter's decision, so the chosen node counts what the pod takes there until its
         figures show it (prioritize only scores)."""
+        self._placements += 1
+        if self._placements % FIT_CACHE_PRUNE_EVERY == 0:
+            # Nodes deleted from the cluster leave the read model; their cached fits go too.
+            self.fit_cache.prune(lambda name: self.read_model.view(name) is not None)
         snapshots, stamps = self._snapshots(names, views, tracked)
         predictions = self.topology.predict(snapshots, pod, requests)
         plans = {name: p.plan for name, p in predictions.items()}

@@ -19,7 +19,7 @@ from shared.core.fit import FitOptions, fit_pod
 from shared.core.keys import NODE_POLICY, SCORE_WEIGHT_FACTOR
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
     from shared.core.config import CoreConfig
     from shared.core.model import ContainerEntry, ContainerKind, NodeSnapshot, PodUsage, Usage
@@ -204,6 +204,16 @@ class FitCache:
         """Drop every outcome computed on `node` (e.g. the node was deleted)."""
         for entries in self._by_shape.values():
             entries.pop(node, None)
+
+    def prune(self, keep: Callable[[str], bool]) -> int:
+        """Drop the outcomes of every node `keep` refuses (nodes that left the cluster: their
+        names would otherwise stay until their shape is evicted). Returns how many went."""
+        dropped = 0
+        for entries in self._by_shape.values():
+            for node in [n for n in entries if not keep(n)]:
+                del entries[node]
+                dropped += 1
+        return dropped
 
     def __len__(self) -> int:
         return sum(len(e) for e in self._by_shape.values())

@@ -418,8 +418,10 @@ class Leases:
             log.warning("unreadable lease ignored", extra={"key": key})
             return None
 
-    async def _renew(self, kv: KeyValue) -> None:
+    async def _renew(self, kv: KeyValue, only: set[int] | None = None) -> None:
         for k, lease in list(self.held.items()):
+            if only is not None and k not in only:
+                continue
             sent = self.clock()
             value = LeaseValue(
                 replica=self.replica, epoch=lease.epoch, since=lease.since, renewed=time.time()
@@ -491,6 +493,9 @@ class Leases:
             log.exception("taking partitions over failed; handing them back")
             await self._release(set(acquired), "released", delete=True)
             return
+        # The rebuild may have taken a while (a large cluster's relist): renew before serving,
+        # so serving starts with a full renew deadline, or not at all when the key was lost.
+        await self._renew(self._require(), set(acquired))
         for k, epoch in acquired.items():
             if k in self.held:
                 self.serving.add(k)

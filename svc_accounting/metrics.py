@@ -34,9 +34,9 @@ an accounting reply carries, `shared.codes.ACCOUNTING`) or `internal_error`."""
 class _NodeSeries:
     revision: Gauge
     drift: Counter
-    devices: dict[str, tuple[Gauge, Gauge, Gauge]] = field(default_factory=dict)
-    """Memory, cores and slots series per GPU."""
-    last: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    devices: dict[str, tuple[Gauge, Gauge, Gauge, Gauge]] = field(default_factory=dict)
+    """Memory, cores, slots and memory over-commit series per GPU."""
+    last: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     """The values last set per GPU."""
 
 
@@ -65,6 +65,14 @@ class AccountingMetrics:
         self.slots = Gauge(
             "numafit_accounting_device_slots_reserved",
             "GPU replica slots reserved per device.",
+            ["node", "uuid"],
+            registry=self.registry,
+        )
+        self.overcommitted = Gauge(
+            "numafit_accounting_device_memory_overcommitted_mib",
+            "GPU memory reserved above the GPU's memory, per device (MiB; 0 when it fits). "
+            "Accounting follows what runs, so kubelet's choice after a best-effort refit "
+            "fallback (or for a pod not opted in) can over-commit a GPU.",
             ["node", "uuid"],
             registry=self.registry,
         )
@@ -155,7 +163,8 @@ class AccountingMetrics:
             for device in snapshot.devices:
                 uuid = device.info.id
                 seen.add(uuid)
-                values = (device.usedmem, device.usedcores, device.used)
+                over = max(device.usedmem - device.info.devmem, 0)
+                values = (device.usedmem, device.usedcores, device.used, over)
                 if children.last.get(uuid) == values:
                     continue
                 series = children.devices.get(uuid)
@@ -164,6 +173,7 @@ class AccountingMetrics:
                         self.memory.labels(name, uuid),
                         self.cores.labels(name, uuid),
                         self.slots.labels(name, uuid),
+                        self.overcommitted.labels(name, uuid),
                     )
                 for gauge, value in zip(series, values, strict=True):
                     gauge.set(value)
@@ -186,6 +196,6 @@ class AccountingMetrics:
         if children is not None:
             children.devices.pop(uuid, None)
             children.last.pop(uuid, None)
-        for gauge in (self.memory, self.cores, self.slots):
+        for gauge in (self.memory, self.cores, self.slots, self.overcommitted):
             with contextlib.suppress(KeyError):
                 gauge.remove(node, uuid)

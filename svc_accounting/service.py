@@ -67,6 +67,8 @@ log = logging.getLogger("numafit.accounting")
 NAME = "numafit-accounting"
 VERSION = "0.1.0"
 CONDITIONS = ("ledger", "nats", "leases")
+FRESH_LEDGER_SECONDS = 1.0
+"""A ledger listed this recently needs no relist before a takeover (the first lease round)."""
 PEER_CHECK_SECONDS = 0.3
 """How long start-up listens for other accounting instances' answers."""
 
@@ -176,6 +178,8 @@ class AccountingService:
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
         self.replica = replica_id or default_replica_id()
+        self._rebuilt_at: float | None = None
+        """When the ledger was last listed whole (a takeover right after needs no relist)."""
         self.leases: Leases | None = None
         if partitions:
             self.leases = Leases(
@@ -200,6 +204,7 @@ class AccountingService:
     async def start(self) -> None:
         await self.supervisor.start()
         versions = await self.rebuild()
+        self._rebuilt_at = time.monotonic()
         self.readiness.set("ledger")
         for kind in WATCH_KINDS:
             self.supervisor.spawn(
@@ -298,8 +303,10 @@ class AccountingService:
         new epochs, publish them (readers see the epoch change and refresh), then serve."""
         started = time.monotonic()
         self.ledger.epochs.update(acquired)
-        await self._relist("nodes")
-        await self._relist("pods")
+        if self._rebuilt_at is None or time.monotonic() - self._rebuilt_at > FRESH_LEDGER_SECONDS:
+            await self._relist("nodes")
+            await self._relist("pods")
+        # else the ledger was listed a moment ago (start-up): nothing to catch up on.
         nodes = [
             node
             for node in self.ledger.nodes.values()

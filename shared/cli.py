@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from shared.local import defaults
 from shared.plan import CaseError, explain, load_case, run_plan
 
 if TYPE_CHECKING:
@@ -93,7 +94,9 @@ def _progress(err: TextIO) -> Callable[[str], None]:
 def simulate_command(
     path: str | None, want_json: bool, out: TextIO, err: TextIO, serve: bool = False
 ) -> int:
-    """`numafit simulate`: exit 0 with the report, 2 for a malformed scenario, 1 on failure."""
+    """`numafit simulate`: exit 0 with the report, 2 for a malformed scenario, 1 on failure.
+    With `serve` (`numafit demo --serve`) the report is printed as soon as it is known, then
+    every service's /metrics stays up on 127.0.0.1 and compose's ports until Ctrl-C."""
     import asyncio
 
     from shared.service.logs import configure_logging
@@ -108,18 +111,31 @@ def simulate_command(
         err.write(f"numafit simulate: {exc}\n")
         return EXIT_USAGE
     progress = _progress(err)
-    keep = _serve_forever(err) if serve else None
+
+    def show(report: dict[str, Any]) -> None:
+        if err.isatty():
+            err.write("\r\033[K")
+        if want_json:
+            out.write(orjson.dumps(public(report), option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            render_table(report, out)
+        out.flush()
+
+    keep = ready = None
+    if serve:
+        keep, ready = serve_metrics(err, source=source), show
+        try:
+            check_demo_ports(defaults.HOST, defaults.METRICS_PORT_BASE, len(scenario.nodes))
+        except defaults.StackError as exc:
+            err.write(f"numafit demo --serve: {exc}\n")
+            return EXIT_FAILURE
     try:
-        report = asyncio.run(simulate(scenario, progress, keep))
+        report = asyncio.run(simulate(scenario, progress, keep, ready))
     except Exception as exc:
         err.write(f"\nnumafit simulate: the simulation failed: {exc}\n")
         return EXIT_FAILURE
-    if err.isatty():
-        err.write("\r\033[K")
-    if want_json:
-        out.write(orjson.dumps(public(report), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        render_table(report, out)
+    if not serve:
+        show(report)
     return EXIT_OK
 
 
@@ -144,33 +160,65 @@ def bench_command(quick: bool, want_json: bool, out: TextIO, err: TextIO) -> int
     return EXIT_OK
 
 
-def _serve_forever(err: TextIO) -> Callable[[Any], Any]:
-    """With --serve: expose every service's /metrics and wait for SIGINT/SIGTERM."""
+def check_demo_ports(host: str, base: int, nodes: int) -> None:
+    """Refuse (StackError, one line) a metrics port `--serve` needs that is taken."""
+    if base == 0:
+        return
+    names = [*defaults.SERVICES, *(f"device plugin {n + 1}" for n in range(nodes))]
+    defaults.check_ports(host, {f"{name} metrics": base + i for i, name in enumerate(names)})
+
+
+def serve_metrics(
+    err: TextIO,
+    *,
+    host: str | None = None,
+    base: int = defaults.METRICS_PORT_BASE,
+    stop: Any = None,
+    source: str = "",
+) -> Callable[[Any], Any]:
+    """With --serve: every service's /healthz, /readyz and /metrics on `host` (127.0.0.1) at
+    compose's and `numafit up`'s ports from `base` (scheduler 9101, accounting 9102, refit 9103,
+    then one device plugin per node; 0: free ones), each printed as listened on, until
+    SIGINT/SIGTERM (or `stop`, an asyncio.Event, is set)."""
 
     async def keep(cluster: Any) -> None:
         import asyncio
 
-        from shared.service.health import HealthServer, Readiness
+        from shared.service.health import HealthServer
         from shared.service.lifecycle import stop_on_signals
 
+        listen = host or defaults.HOST
+        parts = [
+            (name, cluster.registries[name], getattr(cluster, name)) for name in defaults.SERVICES
+        ]
+        parts += [
+            (f"deviceplugin/{name}", node.registry, node.plugin)
+            for name, node in sorted(cluster.nodes.items())
+        ]
         servers = []
-        base = 9101
-        for offset, (name, registry) in enumerate(
-            [
-                *cluster.registries.items(),
-                *((f"deviceplugin-{n}", node.registry) for n, node in cluster.nodes.items()),
-            ]
-        ):
-            server = HealthServer(registry, Readiness(), "0.0.0.0", base + offset)
-            await server.start()
-            servers.append(server)
-            err.write(f"\n  {name:<28} http://127.0.0.1:{server.port}/metrics")
-        err.write("\nserving; Ctrl-C to stop\n")
-        stop = asyncio.Event()
-        stop_on_signals(stop)
-        await stop.wait()
-        for server in servers:
-            await server.stop()
+        try:
+            err.write("\nserving every service's metrics:\n")
+            for position, (name, registry, service) in enumerate(parts):
+                port = base + position if base else 0
+                server = HealthServer(registry, service.readiness, listen, port)
+                await server.start()
+                servers.append(server)
+                shown = f"[{listen}]" if ":" in listen else listen
+                err.write(f"  {name:<28} http://{shown}:{server.port}/metrics\n")
+            again = f" --scenario {source}" if source else ""
+            err.write(
+                "the scenario's pods are done and nothing schedules new ones; for a stack that "
+                f"schedules what kubectl creates, run `numafit up{again}`\n"
+                "serving; Ctrl-C to stop\n"
+            )
+            err.flush()
+            done = stop if stop is not None else asyncio.Event()
+            if stop is None:
+                stop_on_signals(done)
+            await done.wait()
+        finally:
+            for server in servers:
+                await server.stop()
 
     return keep
 
@@ -255,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--serve",
         action="store_true",
-        help="keep the system running afterwards with every service's /metrics reachable",
+        help="print the report, then keep the system running with every service's /metrics on "
+        "127.0.0.1 at compose's ports (scheduler 9101, accounting 9102, refit 9103, device "
+        "plugin 9104) until Ctrl-C; for a stack kubectl can create pods in, use `numafit up`",
     )
     from shared.local.command import add_arguments as add_up_arguments
 

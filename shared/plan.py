@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shared import messages
-from shared.core import codec, keys
+from shared.core import codec, keys, overcommit
 from shared.core.accounting import TrackedPod, node_snapshot, track_pod
 from shared.core.config import CoreConfig, parse_config
 from shared.core.errors import CoreError
 from shared.core.fit import PICKED
 from shared.core.nodes import without_pod
-from shared.core.pods import pod_from_object
+from shared.core.pods import Alignment, pod_from_object
 from shared.core.quota import QuotaLedger, limits_from_quotas
 from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit
 
@@ -213,10 +213,7 @@ def explain(result: PlanResult) -> str:
         lines.append("  every reserved GPU is already in kubelet's allowed set; nothing changes")
     else:
         lines.append(f"  why: {decision.failure_reason}")
-        lines.append(
-            "  nothing is patched; in best-effort mode kubelet keeps its own choice, "
-            "in strict mode the container's admission fails"
-        )
+        lines.extend(_after_refusal(result))
     if decision.annotations:
         lines.append("")
         lines.append("Annotations to patch:")
@@ -238,3 +235,35 @@ def explain(result: PlanResult) -> str:
     for warning in case.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def _after_refusal(result: PlanResult) -> list[str]:
+    """What a refusal leads to in the request's mode. In best-effort mode kubelet keeps its own
+    choice among the allowed GPUs (those it can align the container with) and accounting
+    follows what runs, so each allowed GPU is judged as the container's new home."""
+    decision, request = result.decision, result.case.request
+    if request.mode is Alignment.STRICT:
+        return [
+            "  nothing is patched; strict mode: the container's admission fails (bind-phase "
+            "failed) and nothing runs on kubelet's choice"
+        ]
+    lines = [
+        "  nothing is patched; best-effort mode: kubelet keeps its own choice among the allowed "
+        "GPUs and accounting follows what runs"
+    ]
+    if decision.preloaded is None or not decision.previous_devices:
+        return lines
+    amount = decision.previous_devices[0]
+    allowed = set(request.allowed_device_uuids)
+    for device in decision.preloaded.devices:
+        info = device.info
+        if info.id not in allowed or not info.matches_vendor(request.device_type):
+            continue
+        mem, cores = device.usedmem + amount.usedmem, device.usedcores + amount.usedcores
+        over = (
+            [overcommit.overcommitted(info.id, mem, info.devmem, cores, info.devcore)]
+            if overcommit.is_overcommitted(mem, info.devmem, cores, info.devcore)
+            else []
+        )
+        lines.append(f"    if kubelet picks {info.id}: {overcommit.fallback_result(True, over)}")
+    return lines

@@ -17,6 +17,7 @@ from svc_deviceplugin.discovery import (
     GpuBackend,
     NvmlBackend,
     SimulatedBackend,
+    TopologyError,
     inventory_lines,
 )
 from svc_deviceplugin.service import PluginOptions, spec
@@ -89,7 +90,8 @@ def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentPar
     parser.add_argument(
         "--inventory",
         action="store_true",
-        help="print what GPU discovery sees and exit (exit 1 with one line when NVML is absent)",
+        help="print what GPU discovery sees and exit (exit 1 with one line when NVML is absent, "
+        "2 when the --topology file is unusable)",
     )
     return parser
 
@@ -107,6 +109,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run deviceplugi
         return 2
     try:
         backend = backend_for(args.topology, args.xid_file)
+    except TopologyError as exc:  # a bad --topology file is bad input, like a bad flag
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     except DiscoveryError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

@@ -114,8 +114,10 @@ class Allocator:
         """Owns the background work that outlives a kubelet call (late bind-phase records)."""
         self.fallbacks: set[tuple[str, int]] = set()
         """(pod UID, container index) admitted on kubelet's choice after a best-effort
-        fallback; pending Allocate, then counted as misaligned."""
-        self.misaligned: set[tuple[str, str]] = set()
+        fallback; pending Allocate, then counted in `fallback_containers`."""
+        self.fallback_containers: set[tuple[str, str]] = set()
+        """(pod UID, container name) running on kubelet's choice after a best-effort fallback
+        (`numafit_deviceplugin_fallback_containers`)."""
         self.outcomes: dict[tuple[str, int], str] = {}
         """The refit outcome per (pod UID, container index), as `numafit simulate` reports it:
         none, moved, already_aligned, fallback, refused:<code>, timeout, strict_failed."""
@@ -373,8 +375,8 @@ class Allocator:
         if (uid, index) in self.fallbacks:
             self.fallbacks.discard((uid, index))
             name = reply.container_name if reply.container_name is not None else str(index)
-            self.misaligned.add((uid, name))
-            self.metrics.misaligned.set(len(self.misaligned))
+            self.fallback_containers.add((uid, name))
+            self.metrics.set_fallback_containers(len(self.fallback_containers))
         self.metrics.allocations.labels("ok").inc()
         return container_allocation(entry, uid, reply.container_name or "", self.config.hami_core)
 
@@ -419,12 +421,12 @@ class Allocator:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def forget_pods(self, alive: set[str]) -> None:
-        """Drop what is kept per pod (misaligned containers, refit outcomes) for pods
+        """Drop what is kept per pod (fallback containers, refit outcomes) for pods
         accounting no longer tracks, so a long-running plugin does not grow."""
-        self.misaligned = {m for m in self.misaligned if m[0] in alive}
+        self.fallback_containers = {m for m in self.fallback_containers if m[0] in alive}
         self.fallbacks = {f for f in self.fallbacks if f[0] in alive}
         self.outcomes = {k: v for k, v in self.outcomes.items() if k[0] in alive}
-        self.metrics.misaligned.set(len(self.misaligned))
+        self.metrics.set_fallback_containers(len(self.fallback_containers))
 
 
 def _unreadable(exc: AccountingUnavailable) -> bool:

@@ -81,9 +81,18 @@ class PluginMetrics:
             ["mode", "result"],
             registry=self.registry,
         )
+        self.fallback_containers = Gauge(
+            "numafit_deviceplugin_fallback_containers",
+            "Containers running on kubelet's own choice of GPUs after a best-effort refit was "
+            "refused or unanswered (no responders, transport error, timeout); accounting "
+            "follows what runs.",
+            registry=self.registry,
+        )
         self.misaligned = Gauge(
             "numafit_deviceplugin_misaligned_containers",
-            "Containers running after a best-effort refit fallback (kubelet's own choice).",
+            "Deprecated: same as numafit_deviceplugin_fallback_containers. It counts best-effort "
+            "fallbacks, not NUMA misalignment, which a device plugin cannot see (kubelet never "
+            "tells it where a container's CPUs are).",
             registry=self.registry,
         )
         self.refit_duration = Histogram(
@@ -136,3 +145,8 @@ class PluginMetrics:
         at_zero(self.call_duration, CALL_METHODS)
         at_zero(self.deadline_exceeded, CALL_METHODS)
         at_zero(self.xid_events, XID_ACTIONS)
+
+    def set_fallback_containers(self, count: int) -> None:
+        """The fallback gauge and its deprecated alias, always the same value."""
+        self.fallback_containers.set(count)
+        self.misaligned.set(count)

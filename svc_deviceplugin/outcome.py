@@ -5,7 +5,7 @@ be asked, the refit's reply or timeout, whether a committed move maps to kubelet
 into one `Outcome`; `EFFECTS` says, for each, everything the allocator does with it: the
 `result` label of `numafit_deviceplugin_refits_total{mode,result}`, the outcome recorded for
 `numafit simulate`, the log line, and whether kubelet's choice is kept (a fallback, remembered
-as misaligned at Allocate) or the admission fails. Nothing else decides these.
+as a fallback container at Allocate) or the admission fails. Nothing else decides these.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Then(enum.Enum):
     KUBELET = "kubelet"
     """Nothing: kubelet picks."""
     FALLBACK = "fallback"
-    """Nothing, and the container is remembered as misaligned once allocated."""
+    """Nothing, and the container is counted as a fallback container once allocated."""
     FAIL = "fail"
     """Bind-phase `failed` is recorded and the admission fails."""
 

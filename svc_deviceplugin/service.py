@@ -261,7 +261,7 @@ class DevicePluginService:
     # --- reconcile --------------------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
-        """Keep the misaligned-containers gauge to pods accounting still tracks."""
+        """Keep the fallback-containers gauge to pods accounting still tracks."""
         while not self._stop.is_set():
             await _wait(self._stop, self.reconcile_interval)
             if self._stop.is_set():

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shared import cli
+from shared.core import keys
 from tests.builders import case, container, gpu, node, pod, refit_request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +96,12 @@ def _bad_config() -> dict[str, Any]:
     return obj
 
 
+def _config(**config: Any) -> dict[str, Any]:
+    obj = _example()
+    obj["config"] = config
+    return obj
+
+
 def _bad_mode() -> dict[str, Any]:
     obj = _example()
     obj["request"]["mode"] = "maybe"
@@ -113,6 +120,16 @@ def _bad_mode() -> dict[str, Any]:
         (_unknown_key(), "unknown case key(s) nodes"),
         (_bad_config(), "'gpuSchedulerPolicy' must be a non-empty string"),
         (_bad_mode(), "mode must be 'best-effort' or 'strict'"),
+        (
+            _config(gpuSchedulerPolicy="bogus"),
+            "config 'gpuSchedulerPolicy': 'bogus' is not a GPU policy: use one of binpack, "
+            "spread, numa, mutex, topology-aware, or a comma chain of them such as binpack,numa",
+        ),
+        (_config(gpuSchedulerPolicy="binpack,nmua"), "'binpack,nmua' is not a GPU policy"),
+        (
+            _config(nodeSchedulerPolicy="fill"),
+            "config 'nodeSchedulerPolicy': 'fill' is not a node policy: use binpack or spread",
+        ),
         ({"node": {"metadata": {"name": "n"}}}, "case has no 'request'"),
     ],
 )
@@ -121,6 +138,23 @@ def test_malformed_cases_exit_two_with_one_line(tmp_path: Path, body: Any, fragm
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and fragment in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"gpuSchedulerPolicy": "binpack"},
+        {"gpuSchedulerPolicy": "Spread"},
+        {"gpuSchedulerPolicy": "numa"},
+        {"gpuSchedulerPolicy": "binpack, numa"},
+        {"gpuSchedulerPolicy": "mutex"},
+        {"gpuSchedulerPolicy": "topology-aware"},
+        {"nodeSchedulerPolicy": "spread"},
+    ],
+)
+def test_every_policy_hami_knows_is_accepted(tmp_path: Path, config: dict[str, str]) -> None:
+    code, out, err = run(["plan", write(tmp_path, _config(**config))])
+    assert code == 0 and err == "" and json.loads(out)["succeeded"] is True
 
 
 def test_missing_file_exits_two() -> None:
@@ -153,6 +187,58 @@ def test_explain_of_a_refusal_gives_the_reason(tmp_path: Path) -> None:
     obj["request"]["nodeName"] = "node-9"
     code, out, _ = run(["plan", "--explain", write(tmp_path, obj)])
     assert code == 0 and "code node_mismatch" in out and "is tracked on node node-1" in out
+
+
+def _crowded_case(mode: str) -> dict[str, Any]:
+    """The worked example's app (20000 MiB, 30 % cores) refused: kubelet allows GPU-b, whose
+    other pod and this pod's init leave 25000 of 40000 MiB in use, and GPU-c, 35000 in use."""
+    target = pod(
+        "train",
+        init=[container("prep", 1, 30000, 60)],
+        containers=[container("main", 1, 20000, 30)],
+        allocated="GPU-b,NVIDIA,30000,60:;GPU-a,NVIDIA,20000,30:;",
+        to_allocate=";GPU-a,NVIDIA,20000,30:;",
+        namespace="ml",
+    )
+    others = [
+        pod("other", containers=[container("c", 1, 15000)], allocated="GPU-b,NVIDIA,15000,0:;"),
+        pod("big", containers=[container("c", 1, 35000)], allocated="GPU-c,NVIDIA,35000,0:;"),
+    ]
+    nodes = node("node-1", [gpu("GPU-a", 1), gpu("GPU-b", 0), gpu("GPU-c", 0)])
+    return case(nodes, [target, *others], refit_request(target, 1, ["GPU-b", "GPU-c"], mode=mode))
+
+
+def test_explain_of_a_best_effort_refusal_names_the_overcommit_of_each_choice(
+    tmp_path: Path,
+) -> None:
+    code, out, _ = run(["plan", "--explain", write(tmp_path, _crowded_case("best-effort"))])
+    assert code == 0 and "code no_fit" in out
+    # 25000 + 20000 on GPU-b, 35000 + 20000 on GPU-c, each of 40000 MiB.
+    assert (
+        "    if kubelet picks GPU-b: aligned, but GPU-b is over-committed by a best-effort "
+        "fallback (45000/40000 MiB)\n"
+    ) in out
+    assert (
+        "    if kubelet picks GPU-c: aligned, but GPU-c is over-committed by a best-effort "
+        "fallback (55000/40000 MiB)\n"
+    ) in out
+
+
+def test_explain_of_a_best_effort_refusal_where_a_choice_fits(tmp_path: Path) -> None:
+    body = _crowded_case("best-effort")
+    body["pods"] = body["pods"][:2]  # GPU-c is free
+    body["pods"][0]["metadata"]["annotations"][keys.USE_UUID] = "GPU-a"  # pinned
+    code, out, _ = run(["plan", "--explain", write(tmp_path, body)])
+    assert code == 0 and "CardUuidMismatch" in out
+    assert "if kubelet picks GPU-b: aligned, but GPU-b is over-committed" in out
+    assert "if kubelet picks GPU-c: aligned, and no GPU is over-committed\n" in out
+
+
+def test_explain_of_a_strict_refusal_says_nothing_runs(tmp_path: Path) -> None:
+    code, out, _ = run(["plan", "--explain", write(tmp_path, _crowded_case("strict"))])
+    assert code == 0 and "code no_fit" in out
+    assert "strict mode: the container's admission fails" in out
+    assert "if kubelet picks" not in out
 
 
 def test_explain_of_the_bundled_worked_example() -> None:

@@ -11,6 +11,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from shared.core.errors import ConfigError
+from shared.core.policy import check_gpu_policy
+
+NODE_POLICIES = ("binpack", "spread")
+"""The node policies (HAMi `--node-scheduler-policy`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,4 +75,11 @@ def parse_config(raw: Mapping[str, Any] | None) -> CoreConfig:
     config = CoreConfig(**values)
     if config.memory_factor < 1:
         raise ConfigError("config 'memoryFactor' must be at least 1")
+    if (why := check_gpu_policy(config.gpu_scheduler_policy)) is not None:
+        raise ConfigError(f"config 'gpuSchedulerPolicy': {why}")
+    if config.node_scheduler_policy.strip().lower() not in NODE_POLICIES:
+        raise ConfigError(
+            f"config 'nodeSchedulerPolicy': {config.node_scheduler_policy!r} is not a node "
+            f"policy: use {' or '.join(NODE_POLICIES)}"
+        )
     return config

@@ -98,6 +98,23 @@ class Policy:
 
 
 _CHAIN_KEYS = ("binpack", "spread", "numa")
+GPU_POLICY_WORDS = ("binpack", "spread", "numa", "mutex", "topology-aware")
+"""What a GPU policy may be made of: one of these, or a comma chain of them."""
+
+
+def check_gpu_policy(text: str) -> str | None:
+    """Why `text` is not a GPU policy (None when it is): one of GPU_POLICY_WORDS, or a comma
+    chain of them (`binpack,numa`), case and spaces ignored. Pod annotations stay as lenient
+    as HAMi's (anything else sorts as spread); configured defaults are held to this."""
+    parts = [part.strip() for part in text.strip().lower().split(",")]
+    unknown = [part for part in parts if part not in GPU_POLICY_WORDS]
+    if not unknown:
+        return None
+    words = ", ".join(GPU_POLICY_WORDS)
+    return (
+        f"{text!r} is not a GPU policy: use one of {words}, or a comma chain of them "
+        "such as binpack,numa"
+    )
 
 
 def parse_policy(text: str) -> Policy:

@@ -33,7 +33,7 @@ from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +317,8 @@ def restricted_fit(
     if not any(d.info.matches_vendor(vendor) for d in restricted.devices):
         return refused(
             Code.NO_FIT,
-            f"no allowed device fits: 1/{len(restricted.devices)} {ALLOWED_SET_UNMATCHED}",
+            f"no allowed device fits: {ALLOWED_SET_UNMATCHED}: "
+            + unmatched_reason(request.allowed_device_uuids, node, vendor),
             fit_reasons={ALLOWED_SET_UNMATCHED: 1},
             previous_devices=current,
             preloaded=restricted,
@@ -339,6 +340,44 @@ def restricted_fit(
         )
     moved = tuple(ContainerDevice(d.uuid, d.type, d.usedmem, d.usedcores) for d in fit.devices)
     return RestrictedFit(fit, moved, restricted)
+
+
+SHOWN_IDS = 3
+"""Allowed IDs quoted in the AllowedDeviceSetUnmatched reason (a request may carry 512)."""
+SHOWN_GPUS = 8
+"""The node's GPU UUIDs quoted beside them."""
+
+
+def unmatched_reason(allowed: Sequence[str], node: NodeSnapshot, vendor: str) -> str:
+    """Why no allowed ID names a `vendor` GPU of `node`, for the operator: replica IDs
+    (`GPU-b-0`, `GPU-b::0`) sent where HAMi's contract wants physical GPU UUIDs are named
+    with the GPU they belong to; anything else is listed beside the node's GPUs."""
+    gpus = [d.info.id for d in node.devices if d.info.matches_vendor(vendor)]
+    known = frozenset(gpus)
+    replicas = [
+        (item, gpu)
+        for item in allowed
+        if (gpu := codec.physical_id(item, known)) != item and gpu in known
+    ]
+    head = f"no allowed ID names a GPU of node {node.name}"
+    if replicas:
+        shown = ", ".join(
+            f"{_short(item)} is a replica of {_short(gpu)}" for item, gpu in replicas[:SHOWN_IDS]
+        )
+        more = f" (and {len(replicas) - SHOWN_IDS} more)" if len(replicas) > SHOWN_IDS else ""
+        return (
+            f"{head}: allowedDeviceUUIDs takes physical GPU UUIDs, not replica IDs ({shown}{more})"
+        )
+    listed = ", ".join(map(_short, allowed[:SHOWN_IDS]))
+    listed += ", ..." if len(allowed) > SHOWN_IDS else ""
+    has = ", ".join(map(_short, gpus[:SHOWN_GPUS])) if gpus else "none"
+    has += ", ..." if len(gpus) > SHOWN_GPUS else ""
+    return f"{head} (allowed: {listed}; the node's GPUs: {has})"
+
+
+def _short(text: str, limit: int = 64) -> str:
+    """An ID as quoted in a reason: whole when short, cut otherwise (IDs come from outside)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _probe(tracked: TrackedPod, quota: QuotaLedger | None) -> QuotaProbe | None:

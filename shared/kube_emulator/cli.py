@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 
-from shared.service.logs import configure_logging
+from shared.service.logs import add_log_level_argument, configure_logging
 
 from . import kubeconfig
 from .remote_webhook import remote_webhook
@@ -21,9 +21,9 @@ from .server import KubeEmulator
 log = logging.getLogger("numafit.kube_emulator")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "numafit run kube-emulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kube-emulator",
+        prog=prog,
         description=(
             "An in-memory Kubernetes API server for tests: pods (with binding and status), "
             "nodes, namespaces, events, resource quotas, config maps, NodeResourceTopologies; "
@@ -67,12 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10_000,
         help="changes kept for watches from an older resourceVersion (default 10000)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="debug logs every request (default info)",
-    )
+    add_log_level_argument(parser, help="debug logs every request (default %(default)s)")
     return parser
 
 
@@ -118,9 +113,9 @@ async def serve(
             loop.remove_signal_handler(signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level.lower(), "json")
+def main(argv: list[str] | None = None, prog: str = "numafit run kube-emulator") -> int:
+    args = build_parser(prog).parse_args(argv)
+    configure_logging(args.log_level, "json")
     try:
         asyncio.run(
             serve(

@@ -2,4 +2,4 @@
 
 from shared.kubelet_emulator.cli import main
 
-raise SystemExit(main())
+raise SystemExit(main(prog="python -m shared.kubelet_emulator"))

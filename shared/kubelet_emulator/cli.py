@@ -21,7 +21,7 @@ from shared.kubelet_emulator.config import (
     parse_cpus,
 )
 from shared.kubelet_emulator.emulator import KubeletEmulator
-from shared.service.logs import configure_logging
+from shared.service.logs import add_log_level_argument, configure_logging
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -31,9 +31,9 @@ __all__ = ["build_parser", "main"]
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "numafit run kubelet-emulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="numafit run kubelet-emulator",
+        prog=prog,
         description="Emulate kubelet's device manager for device plugins (registration, "
         "ListAndWatch, Topology Manager admission).",
     )
@@ -57,16 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NUMA=COUNT,...",
         help="allocatable exclusive CPUs per NUMA node, e.g. '0=32,1=32'",
     )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
+    add_log_level_argument(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "numafit run kubelet-emulator") -> int:
     """Run the emulator until interrupted; returns the process exit status."""
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level.lower(), "json")
+    args = build_parser(prog).parse_args(argv)
+    configure_logging(args.log_level, "json")
     config = KubeletConfig(
         directory=args.dir,
         node_name=args.node,

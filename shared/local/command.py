@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shared.local import defaults
+from shared.service.logs import add_log_level_argument
 
 if TYPE_CHECKING:
     from shared.local.stack import LocalStack, UpOptions
@@ -214,12 +215,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="scrape and rule evaluation interval written to prometheus.yml (default %(default)s)",
     )
-    out.add_argument(
-        "--log-level",
-        default="info",
-        choices=("debug", "info", "warning", "error"),
-        help="log level of every part (default %(default)s)",
-    )
+    add_log_level_argument(out, help="log level of every part (default %(default)s)")
     out.add_argument(
         "--log-format",
         default="text",

@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    import argparse
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
@@ -67,6 +70,25 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""What every `--log-level` takes (any case: `INFO` is `info`)."""
+
+
+def add_log_level_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    default: str = "info",
+    help: str = "log level (default %(default)s)",
+) -> None:
+    """`--log-level`, the same for every numafit command: LOG_LEVELS, case-insensitive."""
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        default=default.lower(),
+        choices=LOG_LEVELS,
+        help=f"{help}; one of {', '.join(LOG_LEVELS)}, any case",
+    )
 
 
 def configure_logging(level: str = "info", fmt: str = "json") -> None:

@@ -53,6 +53,8 @@ def harden_parser() -> None:
 
 harden_parser()
 
+MAX_SAID = 32
+"""Distinct errors remembered per outage (beyond them, a new text is said every time)."""
 DRAIN_TIMEOUT = 2.0
 """Seconds a drain at shutdown may take (nats-py's default is 30, past any grace period)."""
 
@@ -74,6 +76,10 @@ async def connect(
     hooks = on_reconnect if on_reconnect is not None else []
     client: list[Client] = []
     warned = [False]
+    said: set[str] = set()
+    """The errors said since the last (re)connect: each is said once per outage."""
+    last_error: list[str | None] = [None]
+    """The latest error (None: none yet), for the line that gives up."""
 
     async def disconnected() -> None:
         if client and (client[0].is_closed or client[0].is_draining):
@@ -95,6 +101,7 @@ async def connect(
 
     async def reconnected() -> None:
         warned[0] = False
+        said.clear()
         log.info("nats reconnected", extra={"client": name})
         for hook in list(hooks):
             try:
@@ -105,11 +112,21 @@ async def connect(
     async def error(exc: Exception) -> None:
         # While the server is down every reconnect attempt fails the same way: say it once
         # per outage, not twice a second.
-        if isinstance(exc, (ConnectionRefusedError, OSError)) and warned[0]:
+        # The same goes, while not connected, for any error repeated word for word (a server
+        # refusing the credentials answers every attempt with 'Authorization Violation', then
+        # a reset). Errors on a live connection (a permissions violation) are always said.
+        text = str(exc)[:200] or type(exc).__name__
+        last_error[0] = text
+        connecting = not client or not client[0].is_connected
+        if (isinstance(exc, (ConnectionRefusedError, OSError)) and warned[0]) or (
+            connecting and text in said
+        ):
             log.debug("nats error", extra={"client": name, "error": str(exc)})
             return
-        warned[0] = isinstance(exc, OSError)
-        log.warning("nats error", extra={"client": name, "error": str(exc)[:200]})
+        warned[0] = warned[0] or isinstance(exc, OSError)
+        if connecting and len(said) < MAX_SAID:
+            said.add(text)
+        log.warning("nats error", extra={"client": name, "error": text})
 
     servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
@@ -129,6 +146,8 @@ async def connect(
                 drain_timeout=DRAIN_TIMEOUT,
             )
             client.append(nc)
+            warned[0] = False  # connected: the next outage is said afresh
+            said.clear()
             # One round trip before the first publish: on a fresh connection nats-server
             # (2.15, measured) can route the first request before it sees subscriptions that
             # other connections flushed a moment ago, answering "no responders" (about 5% of
@@ -136,7 +155,21 @@ async def connect(
             await nc.flush(timeout=max(1, round(connect_timeout)))
             return nc
     except TimeoutError as exc:
-        raise ConnectionError(f"cannot reach NATS at {url} within {initial_timeout:g}s") from exc
+        why = f" (last error: {last_error[0]})" if last_error[0] is not None else ""
+        raise ConnectionError(
+            f"cannot reach NATS at {redacted(url)} within {initial_timeout:g}s{why}"
+        ) from exc
+
+
+def redacted(url: str) -> str:
+    """NATS server URL(s) as logs may show them: the password of `user:password@` and a token
+    (`token@`) are hidden."""
+
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(1).partition(":")
+        return f"//{user}:***@" if colon else "//***@"
+
+    return re.sub(r"//([^/@,]*)@", hide, url)
 
 
 NO_RESPONDERS_GRACE = 0.1

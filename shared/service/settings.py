@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.service.logs import add_log_level_argument
+
 if TYPE_CHECKING:
     import argparse
 
@@ -55,10 +57,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: 
         help="port of /healthz, /readyz and /metrics (env NUMAFIT_METRICS_PORT; "
         "default %(default)s)",
     )
-    group.add_argument(
-        "--log-level",
+    add_log_level_argument(
+        group,
         default=env.get("NUMAFIT_LOG_LEVEL", "info"),
-        choices=["debug", "info", "warning", "error"],
         help="log level (env NUMAFIT_LOG_LEVEL; default %(default)s)",
     )
     group.add_argument(

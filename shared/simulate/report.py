@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
 
+from shared.core import overcommit
 from shared.simulate.cluster import SimCluster
 from shared.simulate.driver import Driver, PodReport
 from shared.simulate.scenario import COMPARE_NRT, CreatePod, Scenario
@@ -42,24 +43,32 @@ async def simulate(
     scenario: Scenario,
     progress: Callable[[str], None] = lambda _: None,
     keep: Callable[[SimCluster], Any] | None = None,
+    ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Start everything, run every step in order, and return the report. A scenario with
     `compare: nodeResourceTopology` is run a second time with every node publishing
-    NodeResourceTopology the other way; the report is the first run's, with `comparison`."""
+    NodeResourceTopology the other way; the report is the first run's, with `comparison`.
+    `ready` gets the whole report as soon as it is known, before `keep` (which holds the last
+    run's cluster up, e.g. until Ctrl-C) runs."""
     if scenario.compare is None:
-        return await _run(scenario, progress, keep)
-    report = await _run(scenario, progress, None)
+        return await _run(scenario, progress, keep, ready)
+    report = await _run(scenario, progress, None, None)
     other_scenario = scenario.with_node_resource_topology_flipped()
     other_with = any(n.node_resource_topology for n in other_scenario.nodes)
     progress(
         "the same pods again, "
         + ("with NodeResourceTopology" if other_with else "without NodeResourceTopology")
     )
-    other = await _run(other_scenario, progress, keep)
-    runs = {_nrt_label(scenario): report, _nrt_label(other_scenario): other}
-    report["comparison"] = {COMPARE_NRT: {label: refit_counts(r) for label, r in runs.items()}}
-    report["_other"] = other
-    return report
+
+    def combined(other: dict[str, Any]) -> dict[str, Any]:
+        runs = {_nrt_label(scenario): report, _nrt_label(other_scenario): other}
+        counts = {label: refit_counts(r) for label, r in runs.items()}
+        report["comparison"] = {COMPARE_NRT: counts}
+        report["_other"] = other
+        return report
+
+    both = None if ready is None else (lambda other: ready(combined(other)))
+    return combined(await _run(other_scenario, progress, keep, both))
 
 
 def _nrt_label(scenario: Scenario) -> str:
@@ -92,6 +101,7 @@ async def _run(
     scenario: Scenario,
     progress: Callable[[str], None],
     keep: Callable[[SimCluster], Any] | None,
+    ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     cluster = SimCluster(scenario)
     try:
@@ -109,6 +119,8 @@ async def _run(
                 await driver.run(step)
             await cluster.predictions_settled()
             report = build_report(cluster, list(driver.reports.values()), driver.deleted)
+        if ready is not None:
+            ready(report)
         if keep is not None:
             await keep(cluster)
         return report
@@ -234,6 +246,7 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
             first = False
     _print_rows(rows, out)
 
+    causes = _overcommit_causes(report)
     notes = []
     for pod in [*table["deleted"], *report["pods"]]:
         key = f"{pod['namespace']}/{pod['name']}"
@@ -247,11 +260,20 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
                     "so the refit "
                     f"moved the reservation to {','.join(c['ledgerGpus'])}"
                 )
-            elif c["refit"].startswith("refused:") or c["refit"] in ("fallback", "timeout"):
+            elif _fell_back(c["refit"]) and c["gpus"]:
+                numa = f"GPU NUMA {','.join(str(n) for n in c['gpuNuma'])}, CPU NUMA {c['cpuNuma']}"
+                if pod in table["deleted"]:  # the usage at the end is no longer its own
+                    result = "aligned" if c["aligned"] else f"NOT aligned ({numa})"
+                else:
+                    result = overcommit.fallback_result(
+                        c["aligned"], _overcommits(report, pod["node"], c["gpus"]), numa
+                    )
                 notes.append(
                     f"  {key} {c['name']}: refit {c['refit']}; best-effort kept kubelet's choice "
-                    f"{','.join(c['gpus'])} and accounting followed it (counted misaligned)"
+                    f"{','.join(c['gpus'])} and accounting followed it: {result}"
                 )
+            elif _fell_back(c["refit"]):
+                notes.append(f"  {key} {c['name']}: refit {c['refit']}; the pod failed admission")
             elif c["refit"] == "strict_failed":
                 notes.append(f"  {key} {c['name']}: strict refit failed, the pod failed admission")
             elif before and c["gpus"] and set(before) != set(c["gpus"]):
@@ -274,7 +296,9 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
         used = report["devices"].get(node, {})
         for g in gpus:
             u = used.get(g["uuid"], {"used": 0, "usedmem": 0, "usedcores": 0})
-            over = u["usedmem"] > g["memory"] or u["usedcores"] > g["cores"]
+            over = overcommit.is_overcommitted(
+                u["usedmem"], g["memory"], u["usedcores"], g["cores"]
+            )
             usage_rows.append(
                 (
                     node,
@@ -283,10 +307,63 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
                     f"{u['used']}/{g['count']}",
                     f"{u['usedmem']}/{g['memory']}",
                     f"{u['usedcores']}/{g['cores']}",
-                    "overcommitted (a best-effort fallback runs here)" if over else "",
+                    _overcommit_note(causes.get((node, g["uuid"]), {})) if over else "",
                 )
             )
     _print_rows(usage_rows, out)
+
+
+def _fell_back(refit: str) -> bool:
+    """The refit outcome of a best-effort container left to kubelet's choice."""
+    return refit.startswith("refused:") or refit in ("fallback", "timeout")
+
+
+def _overcommits(report: dict[str, Any], node: str, uuids: Sequence[str]) -> list[str]:
+    """`overcommit.overcommitted()` for each of `uuids` over-committed at the end of the run."""
+    gpus = {g["uuid"]: g for g in report["_table"]["gpus"].get(node, [])}
+    used = report["devices"].get(node, {})
+    texts = []
+    for uuid in uuids:
+        g, u = gpus.get(uuid), used.get(uuid)
+        if g is None or u is None:
+            continue
+        if overcommit.is_overcommitted(u["usedmem"], g["memory"], u["usedcores"], g["cores"]):
+            texts.append(
+                overcommit.overcommitted(
+                    uuid, u["usedmem"], g["memory"], u["usedcores"], g["cores"]
+                )
+            )
+    return texts
+
+
+def _overcommit_causes(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """Per (node, GPU): the containers running there on kubelet's choice, by cause (a
+    best-effort fallback, or a pod that did not opt in)."""
+    reserved = report["_table"]["reserved"]
+    causes: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for pod in report["pods"]:
+        key = f"{pod['namespace']}/{pod['name']}"
+        for c in pod["containers"]:
+            before = reserved.get(key, {}).get(c["name"]) or []
+            if _fell_back(c["refit"]):
+                cause = overcommit.FALLBACK
+            elif c["refit"] == "none" and before and set(before) != set(c["gpus"]):
+                cause = overcommit.NOT_OPTED_IN
+            else:
+                continue
+            for uuid in c["gpus"]:
+                causes.setdefault((pod["node"], uuid), {}).setdefault(cause, []).append(
+                    f"{key} {c['name']}"
+                )
+    return causes
+
+
+def _overcommit_note(causes: dict[str, list[str]]) -> str:
+    """The usage table's note for an over-committed GPU: why, and which containers."""
+    for cause in (overcommit.FALLBACK, overcommit.NOT_OPTED_IN):
+        if cause in causes:
+            return f"over-committed by {cause} ({', '.join(causes[cause])})"
+    return "over-committed"
 
 
 def _print_rows(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:

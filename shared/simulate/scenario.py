@@ -12,11 +12,16 @@
     compare: nodeResourceTopology          # optional: run the pods again with every node's
                                            # nodeResourceTopology the other way, report both
 
-Unknown keys and wrong types are refused with a message naming the line.
+Unknown keys and wrong types are refused with a message naming the line. Pod manifests are
+checked against the Kubernetes API emulator's own Pod schema (the one its field validation,
+OpenAPI and kubectl use), so `resourcs:` or `anotations:` is refused here, naming the file, the
+line, the pod and the key, instead of being dropped later by the API server.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +32,10 @@ import yaml
 from shared.core.config import CoreConfig, parse_config
 from shared.core.errors import CoreError
 from shared.core.pods import pod_from_object
+from shared.kube_emulator.field_validation import inspect as inspect_fields
+from shared.kube_emulator.resources import PODS
+from shared.kube_emulator.schema import ListOf, MapOf, ObjectType, Ref, TypeExpr
+from shared.kube_emulator.schema_catalog import CATALOG
 from shared.kubelet_emulator import TopologyPolicy
 from svc_deviceplugin.discovery import GpuInfo, TopologyError, parse_gpus
 
@@ -39,12 +48,21 @@ class _LineLoader(yaml.SafeLoader):
     """A safe loader that remembers the line of every mapping and list it builds."""
 
     lines: dict[int, int]
+    key_lines: dict[int, dict[Any, int]]
+    """Per mapping: the line of each of its keys."""
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     value = loader.construct_mapping(node, deep=True)
     mapping = dict(value)
     loader.lines[id(mapping)] = node.start_mark.line + 1
+    keys: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        try:
+            keys[loader.construct_object(key_node)] = key_node.start_mark.line + 1
+        except TypeError:  # an unhashable key: refused with the mapping's own line later
+            continue
+    loader.key_lines[id(mapping)] = keys
     return mapping
 
 
@@ -110,15 +128,20 @@ class Scenario:
 
 
 class _Checker:
-    def __init__(self, lines: dict[int, int], source: str) -> None:
+    def __init__(
+        self, lines: dict[int, int], source: str, key_lines: dict[int, dict[Any, int]] | None = None
+    ) -> None:
         self.lines = lines
         self.source = source
+        self.key_lines = key_lines or {}
 
-    def line(self, obj: object) -> int:
-        return self.lines.get(id(obj), 0)
+    def line(self, obj: object, key: object = None) -> int:
+        """The line of `obj` (of its key `key` when given and known)."""
+        found = self.key_lines.get(id(obj), {}).get(key) if key is not None else None
+        return found or self.lines.get(id(obj), 0)
 
-    def fail(self, obj: object, message: str) -> ScenarioError:
-        line = self.line(obj)
+    def fail(self, obj: object, message: str, key: object = None) -> ScenarioError:
+        line = self.line(obj, key)
         where = f"{self.source}:{line}" if line else self.source
         return ScenarioError(f"{where}: {message}")
 
@@ -142,13 +165,14 @@ _POLICIES = {p.value: p for p in TopologyPolicy}
 def parse_scenario(text: str, source: str = "scenario") -> Scenario:
     loader = _LineLoader(text)
     loader.lines = {}
+    loader.key_lines = {}
     try:
         document = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{source}: not valid YAML: {exc}") from exc
     finally:
         loader.dispose()
-    check = _Checker(loader.lines, source)
+    check = _Checker(loader.lines, source, loader.key_lines)
     if not isinstance(document, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with nodes, config and pods")
     check.keys(document, {"nodes", "config", "pods", "compare"}, "the scenario")
@@ -239,9 +263,93 @@ def _step(check: _Checker, item: object, parent: object) -> Step:
     manifest = dict(obj)
     manifest.setdefault("apiVersion", "v1")
     manifest.setdefault("kind", "Pod")
+    _check_pod_fields(check, obj, manifest)
     try:  # the same checks the services apply (a uid is added only for this check)
         probe = {**manifest, "metadata": {**manifest["metadata"], "uid": "check"}}
         pod_from_object(probe)
     except CoreError as exc:
         raise check.fail(obj, str(exc)) from exc
     return CreatePod(manifest, check.line(obj))
+
+
+_PATH_TOKEN = re.compile(r"\[([^\]]*)\]|\.?([^.\[]+)")
+_ARTICLES = {"array": "a list", "object": "a mapping", "integer": "an integer"}
+
+
+def _tokens(path: str) -> list[str]:
+    """`spec.containers[0].resourcs` -> spec, containers, 0, resourcs."""
+    return [name or index for index, name in _PATH_TOKEN.findall(path)]
+
+
+def _parent(obj: Any, tokens: list[str]) -> Any:
+    """The object holding the last of `tokens` (None when the path does not lead there)."""
+    node = obj
+    for token in tokens[:-1]:
+        if isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        elif isinstance(node, dict) and token in node:
+            node = node[token]
+        else:
+            return None
+    return node
+
+
+def _named(expr: TypeExpr | ObjectType | None) -> TypeExpr | ObjectType | None:
+    """`expr` with references followed to the object they name (None: a scalar type)."""
+    while isinstance(expr, Ref):
+        named = CATALOG.get(expr.target)
+        if not isinstance(named, ObjectType):
+            return None
+        expr = named
+    return expr
+
+
+def _fields_at(tokens: list[str]) -> list[str]:
+    """The field names the Pod schema has where the last of `tokens` sits."""
+    expr: TypeExpr | ObjectType | None = CATALOG.by_gvk(PODS.group, PODS.version, PODS.kind)
+    for token in tokens[:-1]:
+        expr = _named(expr)
+        if isinstance(expr, ObjectType):
+            spec = expr.fields.get(token)
+            expr = spec.type if spec is not None else None
+        elif isinstance(expr, ListOf):
+            expr = expr.items
+        elif isinstance(expr, MapOf):
+            expr = expr.values
+        else:
+            return []
+    expr = _named(expr)
+    return sorted(expr.fields) if isinstance(expr, ObjectType) else []
+
+
+def _check_pod_fields(check: _Checker, obj: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """Refuse the first (by line) unknown key or wrongly typed value of a Pod manifest, as the
+    API emulator's schema sees it: file, line, pod, key, and a close known key if any."""
+    findings = inspect_fields(PODS, manifest, prune=False)
+    meta = obj.get("metadata") or {}
+    pod = f"pod {meta.get('namespace', 'default')}/{meta.get('name')}"
+    problems: list[tuple[int, str]] = []
+    for path in findings.unknown:
+        tokens = _tokens(path)
+        parent, key = _parent(obj, tokens), tokens[-1]
+        where = path[: -len(key)].rstrip(".") or "the manifest"
+        close = difflib.get_close_matches(key, _fields_at(tokens), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append((check.line(parent, key), f"{pod}: unknown key {key!r} in {where}{hint}"))
+    for mismatch in findings.mismatches:
+        tokens = _tokens(mismatch.path)
+        parent = _parent(obj, tokens)
+        expected = _ARTICLES.get(mismatch.expected, f"a {mismatch.expected}")
+        if mismatch.go_type.endswith(".Quantity"):
+            expected = "a quantity (a number, or a string such as 100m or 4Gi)"
+        got = _ARTICLES.get(mismatch.json_type, f"a {mismatch.json_type}")
+        problems.append(
+            (
+                check.line(parent, tokens[-1]),
+                f"{pod}: {mismatch.path} must be {expected}, not {got}",
+            )
+        )
+    if problems:
+        line, message = min(problems, key=lambda p: p[0] or 1 << 30)
+        where = f"{check.source}:{line}" if line else check.source
+        raise ScenarioError(f"{where}: {message}")

@@ -44,10 +44,10 @@ from shared.service.health import HealthServer, Readiness
 from shared.service.kube import api_client
 from shared.service.kube_topology import TopologyApi
 from shared.service.lifecycle import stop_on_signals
-from shared.service.logs import configure_logging
+from shared.service.logs import add_log_level_argument, configure_logging
 from shared.simulate.driver import RESOURCE, Driver, NodeHandle, Observed, observed_refit
 from shared.simulate.scenario import CreatePod, DeletePod
-from svc_deviceplugin.discovery import SimulatedBackend
+from svc_deviceplugin.discovery import SimulatedBackend, TopologyError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -174,15 +174,35 @@ def build_parser() -> argparse.ArgumentParser:
             "creating, scheduling (through the extender), admitting and deleting pods."
         ),
     )
-    parser.add_argument("--node", default=env.get("NODE_NAME", "sim-node-1"))
-    parser.add_argument("--dir", default="/var/lib/kubelet/device-plugins")
     parser.add_argument(
-        "--topology", required=True, help="the same GPU topology file as the plugin"
+        "--node",
+        default=env.get("NODE_NAME", "sim-node-1"),
+        help="this node's name, the Node it creates (env NODE_NAME; default %(default)s)",
     )
     parser.add_argument(
-        "--topology-policy", default="single-numa-node", choices=[p.value for p in TopologyPolicy]
+        "--dir",
+        default="/var/lib/kubelet/device-plugins",
+        help="device-plugin directory shared with the device plugin: the emulated kubelet "
+        "serves kubelet.sock there (default %(default)s)",
     )
-    parser.add_argument("--cpus", default="0=32,1=32", help="exclusive CPUs per NUMA node")
+    parser.add_argument(
+        "--topology",
+        required=True,
+        metavar="FILE",
+        help="the GPU topology file (YAML or JSON), the same one the device plugin is given",
+    )
+    parser.add_argument(
+        "--topology-policy",
+        default="single-numa-node",
+        choices=[p.value for p in TopologyPolicy],
+        help="the emulated kubelet's Topology Manager policy (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cpus",
+        default="0=32,1=32",
+        metavar="NUMA=COUNT,...",
+        help="exclusive CPUs the static CPU manager has per NUMA node (default %(default)s)",
+    )
     parser.add_argument(
         "--node-resource-topology",
         action=argparse.BooleanOptionalAction,
@@ -191,22 +211,72 @@ def build_parser() -> argparse.ArgumentParser:
         "NFD's topology-updater does (the scheduler then predicts kubelet's NUMA choice, and "
         "refits become rare)",
     )
-    parser.add_argument("--kubeconfig", default=env.get("KUBECONFIG"))
-    parser.add_argument("--nats-url", default=env.get("NUMAFIT_NATS_URL", "nats://127.0.0.1:4222"))
-    parser.add_argument("--scheduler-url", default="http://127.0.0.1:8888")
-    parser.add_argument("--insecure", action="store_true", help="skip the extender's TLS check")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between new pods")
-    parser.add_argument("--max-pods", type=int, default=12, help="pods kept before deleting")
     parser.add_argument(
-        "--startup-timeout", type=float, default=300.0, help="seconds to wait for the plugin"
+        "--kubeconfig",
+        default=env.get("KUBECONFIG"),
+        help="kubeconfig of the API server (env KUBECONFIG); in-cluster configuration when absent",
     )
-    parser.add_argument("--count", type=int, default=0, help="stop after N pods (0: never)")
-    parser.add_argument("--namespace", default="workloads")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--metrics-port", type=int, default=9105)
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--nats-url",
+        default=env.get("NUMAFIT_NATS_URL", "nats://127.0.0.1:4222"),
+        help="NATS server URL(s), comma-separated (env NUMAFIT_NATS_URL; default %(default)s)",
     )
+    parser.add_argument(
+        "--scheduler-url",
+        default="http://127.0.0.1:8888",
+        help="the scheduler extender's base URL, for /filter, /prioritize and /bind (default "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--insecure", action="store_true", help="skip the extender's TLS certificate check"
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between new pods (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-pods",
+        type=int,
+        default=12,
+        metavar="N",
+        help="pods kept running; the oldest is deleted beyond it (default %(default)s)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="seconds to wait for the device plugin to register and its inventory to reach "
+        "accounting (default %(default)s)",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stop after creating N pods (default 0: never)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default="workloads",
+        help="namespace of the pods it creates (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="seed of the pod mix, so that a run can be repeated (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9105,
+        help="port of /healthz, /readyz and /metrics (0: a free one; default %(default)s)",
+    )
+    add_log_level_argument(parser)
     return parser
 
 
@@ -297,7 +367,13 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # a bad topology file is bad input: one line, exit 2, as with the device plugin
+        SimulatedBackend.from_file(Path(args.topology))
+    except TopologyError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level, "json")
 
     async def entry() -> None:

@@ -287,10 +287,25 @@ def test_row19_no_allowed_device_fits_with_fit_reasons() -> None:
 
 
 def test_row19_replica_ids_instead_of_uuids_are_told_apart() -> None:
-    answer = refusal(worked_case(allowedDeviceUUIDs=["GPU-b-0", "GPU-b-1"]))
+    # HAMi's contract wants physical UUIDs: replica IDs are refused with the distinct reason
+    # (not mapped), and the reason names the GPU each one belongs to.
+    answer = refusal(worked_case(allowedDeviceUUIDs=["GPU-b-0", "GPU-b::1"]))
     assert answer["code"] == "no_fit"
     assert answer["fitReasons"] == {"AllowedDeviceSetUnmatched": 1}
-    assert "AllowedDeviceSetUnmatched" in answer["failureReason"]
+    assert answer["failureReason"] == (
+        "no allowed device fits: AllowedDeviceSetUnmatched: no allowed ID names a GPU of node "
+        "node-1: allowedDeviceUUIDs takes physical GPU UUIDs, not replica IDs (GPU-b-0 is a "
+        "replica of GPU-b, GPU-b::1 is a replica of GPU-b)"
+    )
+
+
+def test_row19_unknown_ids_are_listed_beside_the_nodes_gpus() -> None:
+    answer = refusal(worked_case(allowedDeviceUUIDs=["GPU-x", "GPU-y", "GPU-z", "GPU-w"]))
+    assert answer["fitReasons"] == {"AllowedDeviceSetUnmatched": 1}
+    assert answer["failureReason"] == (
+        "no allowed device fits: AllowedDeviceSetUnmatched: no allowed ID names a GPU of node "
+        "node-1 (allowed: GPU-x, GPU-y, GPU-z, ...; the node's GPUs: GPU-a, GPU-b)"
+    )
 
 
 def test_row19_pinned_pod_is_never_moved_off_its_pins() -> None:

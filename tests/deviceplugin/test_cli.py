@@ -49,11 +49,25 @@ def test_inventory_without_a_driver_is_one_line_and_exit_1() -> None:
         assert result.returncode == 0
 
 
-def test_bad_topology_is_refused_clearly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inventory", [True, False])
+def test_bad_topology_is_a_usage_error_in_one_line(tmp_path: Path, inventory: bool) -> None:
     topology = tmp_path / "gpus.yaml"
     topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: lots, numa: 0}\n")
-    result = run("--inventory", "--topology", str(topology))
-    assert result.returncode == 1 and "memory" in result.stderr and "Traceback" not in result.stderr
+    mode = ["--inventory"] if inventory else ["--node", "node-1"]
+    result = run(*mode, "--topology", str(topology))
+    assert result.returncode == 2, result.stderr  # like a bad scenario or plan case
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"numafit run deviceplugin: {topology}: ")
+    assert "'memory' must be an integer" in result.stderr
+
+
+def test_missing_topology_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.yaml"
+    result = run("--inventory", "--topology", str(missing))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"numafit run deviceplugin: {missing}: cannot read topology: No such file or directory\n"
+    )
 
 
 def test_node_is_required(tmp_path: Path) -> None:

@@ -34,8 +34,12 @@ def refits(stack: Stack, mode: str, result: str) -> float:
     return sample(stack.plugin.metrics.registry, REFITS, mode=mode, result=result)
 
 
-def misaligned(stack: Stack) -> float:
-    return sample(stack.plugin.metrics.registry, "numafit_deviceplugin_misaligned_containers")
+def fallback_containers(stack: Stack) -> float:
+    """The fallback gauge; its deprecated alias always reads the same."""
+    registry = stack.plugin.metrics.registry
+    value = sample(registry, "numafit_deviceplugin_fallback_containers")
+    assert sample(registry, "numafit_deviceplugin_misaligned_containers") == value
+    return value
 
 
 async def pod_annotations(stack: Stack, name: str) -> dict[str, str]:
@@ -119,10 +123,10 @@ async def test_refusal_falls_back_in_best_effort(nats_url: str, tmp_path: Path) 
         await stack.kubelet.admit_container(big, "c", gpu_count=1, exclusive_cpus=2)
         late = await stack.uid("late")
         admission = await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
-        # kubelet's own choice runs; accounting follows it and counts the container misaligned.
+        # kubelet's own choice runs; accounting follows it; the container is a fallback one.
         assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert refits(stack, "best-effort", "fallback") == 1
-        assert misaligned(stack) == 1
+        assert fallback_containers(stack) == 1
         assert (await pod_annotations(stack, "late"))[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,30:;"
 
 
@@ -326,7 +330,8 @@ async def test_per_pod_state_is_dropped_once_accounting_forgets_the_pod(
         late = await stack.uid("late")
         await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
         allocator = stack.plugin.allocator
-        assert (late, 0) in allocator.outcomes and allocator.misaligned
+        assert (late, 0) in allocator.outcomes and allocator.fallback_containers
+        assert fallback_containers(stack) == 1
         allocator.forget_pods(alive={await stack.uid("big")})
-        assert (late, 0) not in allocator.outcomes and not allocator.misaligned
-        assert misaligned(stack) == 0
+        assert (late, 0) not in allocator.outcomes and not allocator.fallback_containers
+        assert fallback_containers(stack) == 0

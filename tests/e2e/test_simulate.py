@@ -3,6 +3,7 @@ emulators and device plugins over gRPC; assertions on the JSON report."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.simulate.report import public, simulate
+from shared.simulate.report import public, render_table, simulate
 from shared.simulate.scenario import ScenarioError, load_scenario, parse_scenario
 
 if TYPE_CHECKING:
@@ -120,15 +121,21 @@ async def test_strict_refused_fails_the_pod_and_reserves_nothing() -> None:
     )
 
 
-async def test_best_effort_fallback_runs_and_is_counted_misaligned() -> None:
+async def test_best_effort_fallback_runs_is_counted_and_its_overcommit_shown() -> None:
     report = await run(EXAMPLES / "best-effort-fallback.yaml")
     easygoing = pod(report, "easygoing")
     container = easygoing["containers"][0]
     assert easygoing["phase"] == "Running"
     assert container["refit"] == "refused:no_fit"
     assert container["gpus"] == container["ledgerGpus"] == ["GPU-a"]  # accounting follows what runs
-    assert metric(report, "numafit_deviceplugin_misaligned_containers") == 1
+    assert container["aligned"] is True  # kubelet's choice is NUMA-local: the harm is elsewhere
+    assert metric(report, "numafit_deviceplugin_fallback_containers") == 1
+    assert metric(report, "numafit_deviceplugin_misaligned_containers") == 1  # deprecated alias
     assert report["devices"]["node-1"]["GPU-a"]["usedmem"] == 50000  # overcommitted, truthfully
+    # 30000 (resident) + 20000 (easygoing) on a 40960 MiB GPU: 9040 MiB over; GPU-b fits.
+    over = "numafit_accounting_device_memory_overcommitted_mib"
+    assert metric(report, f'{over}{{node="node-1",uuid="GPU-a"}}') == 9040
+    assert metric(report, f'{over}{{node="node-1",uuid="GPU-b"}}') == 0
 
 
 async def test_init_plus_app_refitted_with_phase_aware_capacity() -> None:
@@ -221,6 +228,28 @@ def test_demo_shows_the_story() -> None:
     assert "POD" in out and "REFIT" in out and "GPU usage" in out
     assert "so the refit moved the reservation" in out
     assert "strict_failed" in out and "refused:no_fit" in out and "AdmissionDenied" in out
+    # ml/bigmodel's fallback runs aligned; the harm said is GPU-0's over-commit.
+    assert "accounting followed it: aligned, but GPU-0 is over-committed by a best-effort" in out
+    assert "over-committed by a best-effort fallback (ml/bigmodel infer)" in out
+    assert "misaligned" not in out
+
+
+async def test_the_table_says_a_fallback_runs_aligned_on_an_overcommitted_gpu() -> None:
+    report = await simulate(load_scenario(EXAMPLES / "best-effort-fallback.yaml"))
+    out = io.StringIO()
+    render_table(report, out)
+    lines = out.getvalue().splitlines()
+    # 30000 (resident) + 20000 (easygoing) MiB on GPU-a's 40960.
+    assert (
+        "  demo/easygoing app: refit refused:no_fit; best-effort kept kubelet's choice GPU-a and "
+        "accounting followed it: aligned, but GPU-a is over-committed by a best-effort fallback "
+        "(50000/40960 MiB)"
+    ) in lines
+    (gpu_a,) = [line for line in lines if line.startswith("node-1  GPU-a")]
+    assert "50000/40960" in gpu_a
+    assert gpu_a.endswith("over-committed by a best-effort fallback (demo/easygoing app)")
+    (gpu_b,) = [line for line in lines if line.startswith("node-1  GPU-b")]
+    assert "over-committed" not in gpu_b
 
 
 async def test_the_ledger_always_equals_a_rebuild_from_the_annotations() -> None:

@@ -215,8 +215,9 @@ def test_dashboard_covers_what_operators_watch() -> None:
         "numafit_refit_requests_total",
         "numafit_refit_duration_seconds_bucket",
         "numafit_deviceplugin_refits_total",
-        "numafit_deviceplugin_misaligned_containers",
+        "numafit_deviceplugin_fallback_containers",
         "numafit_accounting_device_memory_reserved_mib",
+        "numafit_accounting_device_memory_overcommitted_mib",
         "numafit_accounting_device_cores_reserved",
         "numafit_accounting_commits_total",
         "numafit_scheduler_filter_duration_seconds_bucket",
@@ -230,7 +231,8 @@ def test_alert_rules_cover_the_four_risks() -> None:
     assert "numafit_refit_requests_total" in text  # failure ratio
     assert "numafit_refit_duration_seconds_bucket" in text  # p99 near the budget
     assert 'result="conflict"' in text  # accounting conflicts
-    assert "numafit_deviceplugin_misaligned_containers" in text
+    assert "numafit_deviceplugin_fallback_containers" in text  # best-effort fallbacks
+    assert "numafit_accounting_device_memory_overcommitted_mib" in text  # their harm
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

@@ -1,0 +1,159 @@
+"""The alert rules evaluated by promtool's rule unit tests: given series over time, which alerts
+fire, when, and with which labels and text. Skipped where promtool is not installed (`.ci/run`
+installs Debian's prometheus, which ships it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "helm" / "numafit" / "files" / "alerts.yaml"
+PROMTOOL = shutil.which("promtool")
+
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
+
+OVERCOMMIT = "numafit_accounting_device_memory_overcommitted_mib"
+FALLBACK = "numafit_deviceplugin_fallback_containers"
+
+
+def promtool_test(tmp_path: Path, tests: list[dict[str, Any]]) -> None:
+    """Run `promtool test rules` on the shipped alert rules; fail with promtool's report."""
+    assert PROMTOOL is not None
+    spec = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests}
+    path = tmp_path / "alerts-test.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+OVERCOMMITTED_DESCRIPTION = (
+    "28080 MiB above the memory of GPU GPU-0 on node gpu-node-1 has been reserved for 5 "
+    "minutes. Accounting follows what runs: kubelet's choice after a best-effort refit "
+    "fallback, or for a pod without hami.io/numa-alignment, landed on a GPU the scheduler "
+    "would not have picked. The containers there may run out of GPU memory; move a pod away, "
+    "or use strict mode."
+)
+
+
+def test_an_overcommitted_gpu_fires_after_five_minutes_and_names_the_gpu(tmp_path: Path) -> None:
+    series = [
+        # GPU-0: 110000 MiB reserved on an 81920 MiB GPU from minute 2 on.
+        {"series": f'{OVERCOMMIT}{{node="gpu-node-1",uuid="GPU-0"}}', "values": "0 0 28080x10"},
+        # GPU-1 fits; GPU-2 is over-committed for three minutes only (a pod moved away).
+        {"series": f'{OVERCOMMIT}{{node="gpu-node-1",uuid="GPU-1"}}', "values": "0x12"},
+        {"series": f'{OVERCOMMIT}{{node="gpu-node-1",uuid="GPU-2"}}', "values": "0 500x2 0x9"},
+    ]
+    firing = {
+        "exp_labels": {"severity": "warning", "node": "gpu-node-1", "uuid": "GPU-0"},
+        "exp_annotations": {
+            "summary": "More GPU memory is reserved on GPU-0 (gpu-node-1) than it has",
+            "description": OVERCOMMITTED_DESCRIPTION,
+        },
+    }
+    promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "6m", "alertname": "NumafitGpuOvercommitted", "exp_alerts": []},
+                    {
+                        "eval_time": "7m",
+                        "alertname": "NumafitGpuOvercommitted",
+                        "exp_alerts": [firing],
+                    },
+                    {
+                        "eval_time": "12m",
+                        "alertname": "NumafitGpuOvercommitted",
+                        "exp_alerts": [firing],
+                    },
+                ],
+            }
+        ],
+    )
+
+
+def test_two_accounting_replicas_exporting_one_gpu_fire_one_alert(tmp_path: Path) -> None:
+    series = [
+        {
+            "series": f'{OVERCOMMIT}{{instance="accounting-{n}:9102",node="n1",uuid="GPU-a"}}',
+            "values": "100x10",
+        }
+        for n in (1, 2)
+    ]
+    description = OVERCOMMITTED_DESCRIPTION.replace("28080", "100").replace(
+        "GPU-0 on node gpu-node-1", "GPU-a on node n1"
+    )
+    firing = {
+        "exp_labels": {"severity": "warning", "node": "n1", "uuid": "GPU-a"},
+        "exp_annotations": {
+            "summary": "More GPU memory is reserved on GPU-a (n1) than it has",
+            "description": description,
+        },
+    }
+    promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6m",
+                        "alertname": "NumafitGpuOvercommitted",
+                        "exp_alerts": [firing],
+                    }
+                ],
+            }
+        ],
+    )
+
+
+def test_fallback_containers_fire_after_thirty_minutes(tmp_path: Path) -> None:
+    series = [{"series": f'{FALLBACK}{{node="gpu-node-1"}}', "values": "1x40"}]
+    firing = {
+        "exp_labels": {"severity": "info"},
+        "exp_annotations": {
+            "summary": "Containers run on kubelet's GPU after a best-effort refit fallback",
+            "description": (
+                "1 container(s) run where kubelet put them after a refused or timed-out "
+                "best-effort refit; accounting counts what runs, but the scheduler's placement "
+                "was not kept, and the GPU kubelet chose may now be over-committed "
+                "(NumafitGpuOvercommitted). Consider strict mode or more NUMA-local capacity."
+            ),
+        },
+    }
+    promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "29m",
+                        "alertname": "NumafitFallbackContainers",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "30m",
+                        "alertname": "NumafitFallbackContainers",
+                        "exp_alerts": [firing],
+                    },
+                ],
+            }
+        ],
+    )

@@ -350,12 +350,26 @@ class AccountingService:
         return {"pods": pods_rv, "nodes": nodes_rv, "resourcequotas": quotas_rv}
 
     def _observe(self, obj: dict[str, Any], deleted: bool = False) -> set[str]:
+        if not deleted and self._already_applied(obj):
+            # The echo of accounting's own write (its response was applied already): the same
+            # object at the same resourceVersion changes nothing, so it is not parsed again.
+            return set()
         try:
             pod = pod_from_object(obj)
         except CoreError as exc:
             log.warning("pod ignored", extra={"error": bounded(str(exc))})
             return set()
         return self.ledger.forget(pod.uid) if deleted else self.ledger.observe(pod)
+
+    def _already_applied(self, obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            return False
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not isinstance(uid, str) or not isinstance(version, str) or not version:
+            return False
+        tracked = self.ledger.tracked(uid)
+        return tracked is not None and tracked.pod.resource_version == version
 
     async def _watch_loop(self, kind: str, resource_version: str | None) -> None:
         """Follow one kind forever: watch from `resource_version`; after a 410 (or with no
@@ -562,20 +576,9 @@ class AccountingService:
             return
         try:
             outcome = await self.ops.handle(op, token, request.data)
-            if outcome.changed:
-                await self._publish_changed(outcome.changed)
             reply = outcome.reply
-            self.metrics.result(op, outcome.code)
-            if not reply.ok:
-                log.info(
-                    "accounting refused",
-                    extra={
-                        "op": op,
-                        "code": reply.code,
-                        "subject": shown(request.subject),
-                        "error": bounded(reply.error or ""),
-                    },
-                )
+            # The answer first: the caller's next step does not wait for the publishing and
+            # bookkeeping below (the ledger already holds the change the reply reports).
             await request.respond(messages.encode(reply))
         except NotAddressed:
             return  # a page of `_all` asked of another replica
@@ -587,6 +590,23 @@ class AccountingService:
                     ok=False, code=Code.API_ERROR, error="internal error"
                 )
                 await request.respond(messages.encode(internal))
+            return
+        self.metrics.result(op, outcome.code)
+        if not reply.ok:
+            log.info(
+                "accounting refused",
+                extra={
+                    "op": op,
+                    "code": reply.code,
+                    "subject": shown(request.subject),
+                    "error": bounded(reply.error or ""),
+                },
+            )
+        if outcome.changed:
+            try:
+                await self._publish_changed(outcome.changed)
+            except Exception:
+                log.exception("publishing a change failed", extra={"op": op})
 
     def _unowned(self, op: str, token: str) -> messages.AccountingReply:
         kinds = messages.OPS.get(op)

@@ -219,11 +219,14 @@ class RefitService:
         started = time.perf_counter()
         mode = "unknown"
         try:
-            reply, mode, event_for = await self._decide(request)
+            reply, mode, event_for, logged = await self._decide(request)
             reason = reply.failure_reason
             if reason is not None and len(reason) > MAX_REASON:
                 reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
             await request.respond(messages.encode(reply))
+            # Logged, counted and recorded after the answer: kubelet's admission waits on it.
+            if logged is not None:
+                self._log(*logged)
             self.metrics.requests.labels(reply.code, mode).inc()
             if event_for is not None:
                 self._record_event(*event_for)
@@ -239,13 +242,19 @@ class RefitService:
 
     async def _decide(
         self, request: Request
-    ) -> tuple[RefitReply, str, tuple[dict[str, str], Event] | None]:
+    ) -> tuple[
+        RefitReply,
+        str,
+        tuple[dict[str, str], Event] | None,
+        tuple[RefitRequest, RefitDecision] | None,
+    ]:
+        """The reply, the mode label, the Event to record and what to log, once answered."""
         if len(request.data) > MAX_BODY:
-            return _invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown", None
+            return _invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown", None, None
         try:
             parsed = messages.decode(request.data, messages.RefitRequest).to_core()
         except MessageError as exc:
-            return _invalid(_cut(str(exc), 200)), "unknown", None
+            return _invalid(_cut(str(exc), 200)), "unknown", None, None
         mode = parsed.mode.value
         screened = _screen(parsed, subjects.last_token(request.subject))
         if screened is not None:
@@ -255,7 +264,7 @@ class RefitService:
                 "refit request rejected",
                 extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return RefitReply.from_decision(screened), mode, None
+            return RefitReply.from_decision(screened), mode, None, None
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
         try:
@@ -264,11 +273,10 @@ class RefitService:
                 decision = await self._decide_and_commit(attempt)
         except TimeoutError:
             decision = _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
-        self._log(parsed, decision)
         event_for = (
             (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
         )
-        return RefitReply.from_decision(decision), mode, event_for
+        return RefitReply.from_decision(decision), mode, event_for, (parsed, decision)
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
         request = attempt.request

@@ -62,10 +62,50 @@ def numafit_services(compose: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+ACCOUNTING_REPLICAS = ("accounting-1", "accounting-2")
+
+
 def test_compose_has_every_part(compose: dict[str, Any]) -> None:
     services = set(compose["services"])
-    assert {"nats", "kube-emulator", "accounting", "refit", "scheduler", "deviceplugin"} <= services
+    assert {"nats", "kube-emulator", "refit", "scheduler", "deviceplugin"} <= services
+    assert set(ACCOUNTING_REPLICAS) <= services
     assert {"sim-node", "prometheus", "grafana"} <= services
+
+
+def test_compose_runs_two_accounting_replicas_on_jetstream(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    accounting = {n: s for n, s in services.items() if s.get("command", [""])[0] == "accounting"}
+    assert set(accounting) == set(ACCOUNTING_REPLICAS)
+    ids = set()
+    for name, service in accounting.items():
+        environment = service["environment"]
+        # The shared settings are kept beside the replica's own id.
+        assert environment["NUMAFIT_NATS_URL"] == "nats://nats:4222", name
+        assert environment["KUBECONFIG"] == "/kube/kubeconfig", name
+        ids.add(environment["NUMAFIT_REPLICA_ID"])
+        parsed = parsers()["accounting"]().parse_args(service["command"][1:])
+        assert parsed.partitions > 0, f"{name}: replicas need partition leases"
+    assert ids == set(ACCOUNTING_REPLICAS)
+    ports = {name: metrics_port(accounting[name]["command"]) for name in ACCOUNTING_REPLICAS}
+    assert ports == {"accounting-1": 9102, "accounting-2": 9112}
+    # The other services keep compose's ports.
+    others = {name: metrics_port(services[name]["command"]) for name in ("scheduler", "refit")}
+    assert others == {"scheduler": 9101, "refit": 9103}
+    assert metrics_port(services["deviceplugin"]["command"]) == 9104
+
+    # NATS runs JetStream (the lease bucket) with its store on a volume.
+    nats = services["nats"]["command"]
+    assert "-js" in nats
+    store = nats[nats.index("-sd") + 1]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["nats"]["volumes"]}
+    assert any(store.startswith(path) for path in mounts)
+    assert all(name in compose["volumes"] for name in mounts.values())
+
+    # Prometheus scrapes both replicas in one job.
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "numafit-accounting"]
+    targets = {t for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {"accounting-1:9102", "accounting-2:9112"}
 
 
 def test_every_command_is_a_real_target_with_valid_flags(compose: dict[str, Any]) -> None:
@@ -226,6 +266,21 @@ def test_dashboard_covers_what_operators_watch() -> None:
     assert {p["id"] for p in dashboard["panels"]} == set(range(1, len(dashboard["panels"]) + 1))
 
 
+def test_dashboard_shows_the_accounting_partitions() -> None:
+    text = " ".join(dashboard_expressions())
+    for name in (
+        "numafit_accounting_partitions_owned",
+        "numafit_accounting_partitions_total",
+        "numafit_accounting_ownership_changes_total",
+        "numafit_accounting_takeover_duration_seconds_bucket",
+        "numafit_accounting_unowned_requests_total",
+    ):
+        assert name in text, name
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Accounting partitions owned per replica", "Partitions without an owner"} <= titles
+
+
 def test_alert_rules_cover_the_four_risks() -> None:
     text = " ".join(alert_expressions())
     assert "numafit_refit_requests_total" in text  # failure ratio
@@ -239,6 +294,67 @@ def test_alert_rules_cover_the_four_risks() -> None:
 def test_promtool_accepts_the_rules() -> None:
     result = subprocess.run(
         ["promtool", "check", "rules", str(ALERTS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+UNOWNED_ALERT_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - {{series: 'numafit_accounting_partitions_total{{instance="a"}}', values: '16x20'}}
+      - {{series: 'numafit_accounting_partitions_total{{instance="b"}}', values: '16x20'}}
+      - {{series: 'numafit_accounting_partitions_owned{{instance="a"}}', values: '8x20'}}
+      # b's 8 partitions: without an owner for 30 s from 30 s (a takeover), then for good
+      # from 1m30s.
+      - {{series: 'numafit_accounting_partitions_owned{{instance="b"}}', values: '8 8 0 0 8 8 0x14'}}
+    alert_rule_test:
+      - {{eval_time: 45s, alertname: NumafitAccountingPartitionsUnowned, exp_alerts: []}}
+      - {{eval_time: 1m15s, alertname: NumafitAccountingPartitionsUnowned, exp_alerts: []}}
+      - {{eval_time: 2m15s, alertname: NumafitAccountingPartitionsUnowned, exp_alerts: []}}
+"""
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_unowned_partitions_alert_after_a_minute(tmp_path: Path) -> None:
+    rules = yaml.safe_load(ALERTS.read_text())
+    (rule,) = [
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "NumafitAccountingPartitionsUnowned"
+    ]
+    assert rule["for"] == "1m" and rule["labels"]["severity"] == "critical"
+    cases = yaml.safe_load(UNOWNED_ALERT_TEST.format(rules=json.dumps(str(ALERTS))))
+    (case,) = cases["tests"]
+    # 2m15s: unowned for 45 s, not yet; 2m45s: for 75 s, firing with the count.
+    case["alert_rule_test"].append(
+        {
+            "eval_time": "2m45s",
+            "alertname": "NumafitAccountingPartitionsUnowned",
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "critical"},
+                    "exp_annotations": {
+                        "summary": rule["annotations"]["summary"],
+                        "description": rule["annotations"]["description"].replace(
+                            "{{ $value }}", "8"
+                        ),
+                    },
+                }
+            ],
+        }
+    )
+    path = tmp_path / "unowned.yaml"
+    path.write_text(yaml.safe_dump(cases))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

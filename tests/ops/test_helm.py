@@ -249,7 +249,15 @@ def test_values_schema_accepts(charts: Charts, chart: str, variant: str) -> None
         ("svc-scheduler", {"webhooks": {"enable": True}}),
         ("svc-scheduler", {"kubeScheduler": {"extender": {"timeout": "5s"}}}),
         ("svc-scheduler", {"nodeSchedulerPolicy": "fill"}),
-        ("svc-accounting", {"replicaCount": 2}),
+        ("svc-accounting", {"replicaCount": "2"}),
+        ("svc-accounting", {"partitions": -1}),
+        ("svc-accounting", {"leaseTtl": 0}),
+        ("svc-accounting", {"leaseBucket": "numafit.accounting"}),
+        ("svc-accounting", {"podDisruptionBudget": {"minAvaliable": 1}}),
+        ("svc-accounting", {"podDisruptionBudget": {"minAvailable": "half"}}),
+        ("svc-accounting", {"podAntiAffinity": "soft"}),
+        ("svc-accounting", {"strategy": {"type": "BlueGreen"}}),
+        ("svc-accounting", {"nats": {"inboxPrefix": "_INBOX.>"}}),
         ("svc-deviceplugin", {"operatingMode": "timeslice"}),
         ("svc-deviceplugin", {"simulatedGpus": [{"uuid": "GPU-a", "model": "m", "memory": 1}]}),
         ("svc-deviceplugin", {"metrics": {"serviceMonitor": {"enabled": True}}}),
@@ -430,12 +438,129 @@ def test_deviceplugin_daemonset(charts: Charts, variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", ["default", "full"])
-def test_accounting_single_writer_and_rbac(charts: Charts, variant: str) -> None:
+def test_accounting_replicas_roll_and_keep_one_available(charts: Charts, variant: str) -> None:
     objects = charts.objects("svc-accounting", variant)
+    values = charts.merged("svc-accounting", variant)
     deployment = one(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    replicas = deployment["spec"]["replicas"]
+    assert replicas == (2 if variant == "default" else 3) == values["replicaCount"]
+    # A new replica is ready (and has taken its share) before an old one goes.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["spec"]["minAvailable"] == (1 if variant == "default" else 2) < replicas
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+    pod = deployment["spec"]["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]
+    if variant == "default":
+        (preferred,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = preferred["podAffinityTerm"]
+        assert preferred["weight"] == 100
+    else:
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        # The values' own affinity is kept beside it.
+        assert pod["affinity"]["nodeAffinity"] == values["affinity"]["nodeAffinity"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+    (container,) = pod["containers"]
+    assert flag(container, "partitions") == str(values["partitions"])
+    assert flag(container, "lease-ttl") == str(values["leaseTtl"])
+    assert flag(container, "lease-bucket") == values["leaseBucket"]
+    assert flag(container, "nats-inbox-prefix") == values["nats"]["inboxPrefix"]
+    assert (flag(container, "partitions"), flag(container, "lease-bucket")) == (
+        ("16", "numafit-accounting") if variant == "default" else ("32", "numafit-accounting-prod")
+    )
+    # Each replica is named in the lease bucket by its pod name (the downward API).
+    env = env_of(container)
+    names = list(env)
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["NUMAFIT_REPLICA_ID"]["value"] == "$(POD_NAME)"
+    assert names.index("POD_NAME") < names.index("NUMAFIT_REPLICA_ID")
+    from svc_accounting.__main__ import build_parser
+
+    parsed = build_parser().parse_args(command_line(container)[3:])
+    assert (parsed.partitions, parsed.lease_ttl) == (values["partitions"], values["leaseTtl"])
+    assert parsed.lease_bucket == values["leaseBucket"]
+
+
+@pytest.mark.parametrize(
+    ("values", "replicas", "strategy", "budget", "anti_affinity"),
+    [
+        # One replica owning every node, without leases: never two at once, and no budget
+        # (with one replica it would block every drain).
+        ({"partitions": 0, "replicaCount": 1}, 1, "Recreate", False, False),
+        ({"replicaCount": 1}, 1, "RollingUpdate", False, True),
+        ({"podDisruptionBudget": {"enabled": False}}, 2, "RollingUpdate", False, True),
+        ({"podAntiAffinity": "none"}, 2, "RollingUpdate", True, False),
+        (
+            {
+                "affinity": {
+                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}
+                }
+            },
+            2,
+            "RollingUpdate",
+            True,
+            False,
+        ),
+        (
+            {"replicaCount": 4, "podDisruptionBudget": {"minAvailable": "50%"}},
+            4,
+            "RollingUpdate",
+            True,
+            True,
+        ),
+    ],
+)
+def test_accounting_replica_variants(
+    charts: Charts,
+    values: dict[str, Any],
+    replicas: int,
+    strategy: str,
+    budget: bool,
+    anti_affinity: bool,
+) -> None:
+    objects = charts.render("svc-accounting", values)
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == replicas
+    assert deployment["spec"]["strategy"]["type"] == strategy
+    assert bool(of_kind(objects, "PodDisruptionBudget")) is budget
+    affinity = deployment["spec"]["template"]["spec"].get("affinity", {})
+    generated = affinity.get("podAntiAffinity", {}).get(
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    )
+    assert bool(generated) is anti_affinity
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"partitions": 0}, "needs replicaCount: 1"),
+        ({"replicaCount": 2, "podDisruptionBudget": {"minAvailable": 2}}, "minAvailable"),
+        ({"graceSeconds": 30, "terminationGracePeriodSeconds": 30}, "terminationGracePeriod"),
+    ],
+)
+def test_accounting_refuses_unworkable_values(
+    charts: Charts, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=message):
+        charts.render("svc-accounting", values)
+
+
+@pytest.mark.parametrize("variant", ["default", "full"])
+def test_accounting_rbac(charts: Charts, variant: str) -> None:
+    """The leases live in NATS (JetStream KV), not in Kubernetes: no Lease objects, no new
+    grants; the lease permissions are NATS permissions (deploy/nats/nats-server.conf)."""
+    objects = charts.objects("svc-accounting", variant)
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert flag(container, "write-timeout") is not None
     assert flag(container, "quota-resync-seconds") is not None
     grants = rules_of(one(objects, "ClusterRole"))
@@ -444,6 +569,7 @@ def test_accounting_single_writer_and_rbac(charts: Charts, variant: str) -> None
     assert {("", "resourcequotas", verb) for verb in ("get", "list", "watch")} <= grants
     assert {("", "events", "create"), ("", "events", "patch")} <= grants
     assert not [g for g in grants if g[2] in {"delete", "deletecollection", "*"}]
+    assert not [g for g in grants if g[1] == "leases"]
 
 
 @pytest.mark.parametrize("variant", ["default", "full"])

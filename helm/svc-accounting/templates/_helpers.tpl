@@ -110,3 +110,31 @@ startupProbe:
 {{- fail "terminationGracePeriodSeconds must be greater than graceSeconds (the service drains for graceSeconds after SIGTERM)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The pod's affinity: .Values.affinity, plus anti-affinity between the replicas across nodes
+(podAntiAffinity: preferred | required | none) unless it sets podAntiAffinity itself.
+*/}}
+{{- define "svc-accounting.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) -}}
+{{- $mode := .Values.podAntiAffinity -}}
+{{- if and (ne $mode "none") (not (hasKey $affinity "podAntiAffinity")) (ne (int .Values.partitions) 0) -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "svc-accounting.selectorLabels" . | fromYaml)) -}}
+{{- if eq $mode "required" -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+{{- else -}}
+{{- $weighted := dict "weight" 100 "podAffinityTerm" $term -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list $weighted)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $affinity -}}
+{{- end -}}
+
+{{- define "svc-accounting.checkReplicas" -}}
+{{- if and (eq (int .Values.partitions) 0) (ne (int .Values.replicaCount) 1) -}}
+{{- fail "partitions: 0 (one replica owns every node, without leases) needs replicaCount: 1" -}}
+{{- end -}}
+{{- if and (gt (int .Values.partitions) 0) .Values.podDisruptionBudget.enabled (gt (int .Values.replicaCount) 1) (ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) -}}
+{{- fail "podDisruptionBudget.minAvailable must be below replicaCount, or no node could ever be drained" -}}
+{{- end -}}
+{{- end -}}

@@ -51,7 +51,11 @@ log = logging.getLogger("numafit.accounting")
 _T = TypeVar("_T")
 
 DEFAULT_BUCKET = "numafit-accounting"
-DEFAULT_TTL = 6.0
+DEFAULT_TTL = 10.0
+"""Seconds a lease lives without renewal. Longer than a JetStream stream leader election (4-9 s
+when the NATS server leading the lease stream dies), so the replicas keep serving through one;
+shorter means faster failover of a dead replica, at the price of every partition being dropped
+while the stream elects a leader."""
 DEFAULT_PARTITIONS = 16
 RENEW_FRACTION = 1 / 3
 """Renewals (and heartbeats) every this fraction of the TTL."""

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,7 @@ async def connect(
         async with asyncio.timeout(initial_timeout):
             nc = await nats.connect(
                 servers=servers,
+                **credentials_of(servers),
                 name=name,
                 connect_timeout=connect_timeout,
                 inbox_prefix=inbox_prefix,
@@ -170,6 +172,22 @@ def redacted(url: str) -> str:
         return f"//{user}:***@" if colon else "//***@"
 
     return re.sub(r"//([^/@,]*)@", hide, url)
+
+
+def credentials_of(servers: list[str]) -> dict[str, str]:
+    """The credentials of the first URL that carries some, as connection options: nats-py
+    uses a URL's own credentials for that server only, and the cluster members it discovers
+    (to fail over to) would otherwise get none ("Authorization Violation")."""
+    for server in servers:
+        parts = urllib.parse.urlsplit(server if "://" in server else f"nats://{server}")
+        if parts.username and parts.password is not None:
+            return {
+                "user": urllib.parse.unquote(parts.username),
+                "password": urllib.parse.unquote(parts.password),
+            }
+        if parts.username:
+            return {"token": urllib.parse.unquote(parts.username)}
+    return {}
 
 
 NO_RESPONDERS_GRACE = 0.1

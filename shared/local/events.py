@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import uuid
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,7 +81,7 @@ class EventSink:
                     )
                 ):
                     return
-            event_name = f"{name}.{uuid.uuid4().hex[:16]}"
+            event_name = f"{name[:235]}.{time.time_ns():x}"  # as client-go: listed in order
             now = _now()
             source = {"component": component, **({"host": host} if host else {})}
             created = {

@@ -40,7 +40,13 @@ from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
-from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL, Leases
+from svc_accounting.leases import (
+    DEFAULT_BUCKET,
+    DEFAULT_PARTITIONS,
+    DEFAULT_TTL,
+    Leases,
+    OwnershipChange,
+)
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import (
@@ -190,7 +196,7 @@ class AccountingService:
                 bucket=lease_bucket,
                 on_acquired=self._take_over,
                 on_released=self._hand_over,
-                on_change=self.metrics.ownership_change,
+                on_change=self._ownership_changed,
             )
             self.ledger.partition_count = partitions
             self.metrics.partitions_total.set(partitions)
@@ -316,6 +322,13 @@ class AccountingService:
             node.changed()  # a new revision under the new epoch
         await self.publish(nodes, force=set(acquired))
         self.metrics.takeover.observe(time.monotonic() - started)
+
+    def _ownership_changed(self, change: OwnershipChange) -> None:
+        """Counted, and the owned gauge follows (only here: it is not worth a look per
+        request)."""
+        self.metrics.ownership_change(change)
+        leases = self.leases
+        self.metrics.partitions_owned.set(len(leases.serving) if leases is not None else 0)
 
     async def _hand_over(self, released: set[int]) -> None:
         """Partitions this replica no longer serves: reservations it held there (unwritten)
@@ -554,7 +567,6 @@ class AccountingService:
                 await self.nc.publish(subjects.usage(node.name), messages.encode(body))
         self.metrics.tracked.set(len(self.ledger.pod_node))
         self.metrics.held.set(len(self.ledger.held))
-        self.metrics.partitions_owned.set(len(self.ownership.served()))
 
     # --- requests ---------------------------------------------------------------------------
 

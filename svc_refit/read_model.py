@@ -40,7 +40,7 @@ from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core.accounting import TrackedPod, track_pod
-from shared.core.nodes import with_added
+from shared.core.nodes import with_added, without_pod
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
 from shared.messages import (
@@ -112,6 +112,8 @@ class _Node:
     """Counts `stale` markings, so a snapshot in flight during one does not clear it."""
     expected: int = 0
     expected_at: float = 0.0
+    local: bool = False
+    """The current revision was applied from our own commit; its usage update is to come."""
 
 
 @dataclass(slots=True)
@@ -215,6 +217,32 @@ class ReadModel:
             entry.expected = max(entry.expected, revision)
             entry.expected_at = time.monotonic()
 
+    def own_commit(
+        self,
+        node: str,
+        epoch: str,
+        revision: int,
+        old: Mapping[str, Usage],
+        new: Mapping[str, Usage],
+    ) -> bool:
+        """Our own move landed at `revision`: when it is the node's next revision (nothing
+        else happened since the view), apply it here at once instead of waiting for its usage
+        update (which then only confirms it). False when the caller must wait for the update."""
+        entry = self._nodes.get(node)
+        if (
+            entry is None
+            or entry.stale
+            or entry.epoch != epoch
+            or revision != entry.revision + 1
+            or entry.revision < entry.expected
+        ):
+            return False
+        updated = without_pod(entry.usage, old)
+        updated.add_pod_usage(new)
+        entry.usage, entry.revision, entry.local = updated, revision, True
+        self._pulse(node)
+        return True
+
     def replace_pod(self, node: str, tracked: TrackedPod) -> None:
         """The pod's entry after our own commit (what accounting wrote)."""
         entry = self._nodes.get(node)
@@ -263,9 +291,17 @@ class ReadModel:
         if epoch != entry.epoch:
             self.mark_stale(node)  # accounting restarted: its revisions start over
             return
-        if revision <= entry.revision:
+        if revision < entry.revision or (revision == entry.revision and not entry.local):
             return  # already seen (a snapshot overtook it)
         updated = messages.apply_usage(entry.usage, devices)
+        if revision == entry.revision:
+            # The update of our own commit, applied here already: it only confirms it (and
+            # corrects it, were the two ever to differ).
+            entry.local = False
+            if updated is not None and updated.usage_table() != entry.usage.usage_table():
+                log.warning("own commit differed from its usage update", extra={"node": node})
+                entry.usage = updated
+            return
         if updated is None:
             self.mark_stale(node)  # another device set
             return
@@ -471,6 +507,7 @@ class ReadModel:
                 snapshot,
                 pods,
             )
+            entry.local = False
         else:
             entry = _Node(node, epoch, state.revision, snapshot, pods)
             self._nodes[node] = entry

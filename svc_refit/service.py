@@ -410,15 +410,17 @@ class RefitService:
     def _committed(
         self, node: str, tracked: TrackedPod, decision: RefitDecision, reply: MoveReply
     ) -> None:
-        if reply.revision is not None:
-            self.read_model.expect(node, reply.revision)
-        else:
-            self.read_model.mark_stale(node)
         resource_version = reply.pod_resource_version
         assert decision.annotations is not None
         updated = (
             committed(tracked, decision.annotations, resource_version) if resource_version else None
         )
+        if reply.revision is None:
+            self.read_model.mark_stale(node)
+        elif updated is None or not self.read_model.own_commit(
+            node, reply.epoch or "", reply.revision, tracked.usage, updated.usage
+        ):
+            self.read_model.expect(node, reply.revision)
         if updated is not None:
             self.read_model.replace_pod(node, updated)
         else:

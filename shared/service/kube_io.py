@@ -44,6 +44,26 @@ class Gone(KubeError):
 MERGE_PATCH = "application/merge-patch+json"
 
 
+async def watch_events(response: Any, what: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The (type, object) events of a watch response, one JSON object per line; an ERROR
+    event (410 Gone, ...) or an error status raises as its KubeError. Releases the response."""
+    try:
+        if response.status >= 400:
+            _raise_for(response.status, await response.read(), what)
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = orjson.loads(line)
+            kind = event.get("type", "") if isinstance(event, dict) else ""
+            obj = event.get("object") if isinstance(event, dict) else None
+            obj = obj if isinstance(obj, dict) else {}
+            if kind == "ERROR":
+                _raise_for(int(obj.get("code", 500)), orjson.dumps(obj), what)
+            yield str(kind), obj
+    finally:
+        response.release()
+
+
 async def _call(coro_factory: Callable[[], Any], what: str) -> Any:
     try:
         response = await coro_factory()
@@ -224,20 +244,8 @@ class Kube:
             allow_watch_bookmarks=True,
             _preload_content=False,
         )
-        try:
-            if response.status >= 400:
-                _raise_for(response.status, await response.read(), f"watch {kind}")
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                kind_of = event.get("type", "")
-                obj = event.get("object") or {}
-                if kind_of == "ERROR":
-                    _raise_for(int(obj.get("code", 500)), orjson.dumps(obj), f"watch {kind}")
-                yield kind_of, obj
-        finally:
-            response.release()
+        async for event in watch_events(response, f"watch {kind}"):
+            yield event
 
     async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         """POST pods/<name>/binding: place the pod on `node` (the scheduler's last step).

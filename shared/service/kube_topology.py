@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from kubernetes_asyncio import client
 
 from shared.core import nrt
-from shared.service.kube_io import MERGE_PATCH, Conflict, NotFound, _call, _raise_for
+from shared.service.kube_io import MERGE_PATCH, Conflict, NotFound, _call, watch_events
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -58,21 +57,8 @@ class TopologyApi:
             allow_watch_bookmarks=True,
             _preload_content=False,
         )
-        try:
-            if response.status >= 400:
-                _raise_for(response.status, await response.read(), f"watch {WHAT}")
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                kind = event.get("type", "") if isinstance(event, dict) else ""
-                obj = event.get("object") if isinstance(event, dict) else None
-                obj = obj if isinstance(obj, dict) else {}
-                if kind == "ERROR":
-                    _raise_for(int(obj.get("code", 500)), orjson.dumps(obj), f"watch {WHAT}")
-                yield str(kind), obj
-        finally:
-            response.release()
+        async for event in watch_events(response, f"watch {WHAT}"):
+            yield event
 
     async def get(self, name: str) -> dict[str, Any]:
         body: dict[str, Any] = await _call(

@@ -61,6 +61,11 @@ RENEW_FRACTION = 1 / 3
 """Renewals (and heartbeats) every this fraction of the TTL."""
 DEADLINE_FRACTION = 2 / 3
 """A partition is served only while its last renewal is younger than this fraction of the TTL."""
+NO_JETSTREAM = (
+    "JetStream is not enabled on this NATS (accounting keeps its partition leases in a "
+    "JetStream key-value bucket): run nats-server with -js, or run one accounting replica "
+    "with --partitions 0"
+)
 OPEN_TIMEOUT = 15.0
 """Seconds start-up keeps trying to open the lease bucket."""
 EXPIRY_MARGIN = 0.05
@@ -209,9 +214,15 @@ class Leases:
             except ConnectionError:
                 raise
             except (nats.errors.Error, TimeoutError, OSError) as exc:
+                # A server without JetStream answers its API with "service unavailable" (so
+                # does a cluster still electing its meta leader: hence the retries).
+                absent = isinstance(exc, nats.js.errors.ServiceUnavailableError)
                 if self.clock() + backoff > deadline:
+                    if absent:
+                        raise ConnectionError(NO_JETSTREAM) from exc
                     raise ConnectionError(f"cannot open lease bucket {self.bucket}: {exc}") from exc
-                log.info("lease bucket not ready; retrying", extra={"error": str(exc)[:200]})
+                reason = "JetStream unavailable" if absent else str(exc)[:200]
+                log.info("lease bucket not ready; retrying", extra={"error": reason})
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 
@@ -231,11 +242,7 @@ class Leases:
             except nats.js.errors.BucketNotFoundError:
                 self._kv = await self._create(js)
         except nats.errors.NoRespondersError as exc:
-            raise ConnectionError(
-                "JetStream is not enabled on this NATS (accounting keeps its partition leases "
-                "in a JetStream key-value bucket): run nats-server with -js, or run one "
-                "accounting replica with --partitions 0"
-            ) from exc
+            raise ConnectionError(NO_JETSTREAM) from exc
         config = (await self._kv.status()).stream_info.config
         age = config.max_age or 0.0
         if abs(age - self.ttl) > 0.001:

@@ -10,9 +10,14 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from shared.core.partitions import partition_of
 from shared.messages import SnapshotReply, SnapshotRequest
+from shared.nats_server import NatsServer
+from shared.service import natsconn
 from svc_accounting import service as accounting_service
+from svc_accounting.leases import Leases
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import sample
@@ -198,3 +203,18 @@ async def test_racing_commits_from_two_replicas_never_over_commit_a_gpu(
         assert codes.count("ok") == 1  # one per revision: the others lost the race
         reply = await h.client.ask(SnapshotRequest(node="node-1"), SnapshotReply)
         assert reply.nodes is not None and len(reply.nodes[0].pods) == 1
+
+
+async def test_without_jetstream_the_leases_say_how_to_run() -> None:
+    with NatsServer(jetstream=False) as broker:
+        nc = await natsconn.connect(broker.url, "no-jetstream")
+        try:
+
+            async def nothing(_: object) -> None:
+                return None
+
+            leases = Leases(nc, replica="r", partitions=4, on_acquired=nothing, on_released=nothing)
+            with pytest.raises(ConnectionError, match=r"JetStream is not enabled.*--partitions 0"):
+                await leases.open(within=0.3)
+        finally:
+            await natsconn.close(nc)

@@ -160,6 +160,14 @@ async def test_a_url_list_gives_the_client_every_member(cluster: NatsCluster) ->
     solo = await natsconn.connect(cluster.urls[2], "solo")
     try:
         hosts = [f"127.0.0.1:{member.port}" for member in cluster.members]
+        # The members a client was not given arrive in an INFO update of the server it is on.
+        await wait_for(
+            lambda: (
+                {s.netloc for s in listed.servers} == set(hosts)
+                and {s.netloc for s in solo.servers} == set(hosts)
+            ),
+            within=5,
+        )
         assert {s.netloc for s in listed.servers} == set(hosts)
         assert [s.netloc for s in listed.discovered_servers] == [hosts[2]]
         assert {s.netloc for s in solo.servers} == set(hosts)

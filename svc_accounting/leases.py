@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("numafit.accounting")
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 
 DEFAULT_BUCKET = "numafit-accounting"
 DEFAULT_TTL = 10.0
@@ -161,6 +162,8 @@ class Leases:
         self.owners: dict[int, str] = {}
         """Each partition's owner as last read (any replica)."""
         self.members: set[str] = set()
+        self.wanted: frozenset[int] = frozenset()
+        """The partitions this replica should own among the live members (as last read)."""
         self._revisions: dict[int, int] = {}
         """Each owned partition key's revision as last read."""
         self._expiries: dict[int, float] = {}
@@ -348,7 +351,7 @@ class Leases:
         await self._read(kv)
         await self._renew(kv)
         await self._expire_stale()
-        wanted = targets(self.replica, self.partitions, self.members)
+        wanted = self.wanted
         extras = {k for k in self.held if k not in wanted}
         if extras and not self._stopping:
             # Another live member wants them (it joined): hand them over now.
@@ -358,7 +361,10 @@ class Leases:
             if self.owners.get(k) == self.replica:
                 # Written by an earlier process of this replica (a restart under the same
                 # --replica-id, e.g. the same pod): that process is gone, take it back now.
-                lease = await self._adopt(kv, k)
+                over = self._revisions.get(k)
+                if over is None:
+                    continue
+                lease = await self._acquire(kv, k, over)
             elif k in self.owners:
                 continue  # still someone's: it expires or is handed over
             else:
@@ -400,23 +406,23 @@ class Leases:
                     renewed = found[0].renewed or found[0].since
                     expiries[int(name)] = renewed + self.ttl
         self.members = members | {self.replica}
+        self.wanted = targets(self.replica, self.partitions, self.members)
         self.owners = owners
         self._revisions = revisions
         self._expiries = expiries
         self._member_expiries = member_expiries
 
     async def _member(self, kv: KeyValue, key: str) -> MemberValue | None:
-        try:
-            entry = await self._timed(kv.get(key))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        try:
-            return _MEMBER.decode(entry.value or b"")
-        except msgspec.DecodeError:
-            log.warning("unreadable member ignored", extra={"key": key})
-            return None
+        found = await self._value(kv, key, _MEMBER)
+        return None if found is None else found[0]
 
     async def _get(self, kv: KeyValue, key: str) -> tuple[LeaseValue, int] | None:
+        return await self._value(kv, key, _DECODER)
+
+    async def _value(
+        self, kv: KeyValue, key: str, decoder: msgspec.json.Decoder[_V]
+    ) -> tuple[_V, int] | None:
+        """A key's decoded value and revision; None when absent, deleted or unreadable."""
         try:
             entry = await self._timed(kv.get(key))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
@@ -424,9 +430,9 @@ class Leases:
         if entry.value is None or entry.revision is None:
             return None
         try:
-            return _DECODER.decode(entry.value), entry.revision
+            return decoder.decode(entry.value), entry.revision
         except msgspec.DecodeError:
-            log.warning("unreadable lease ignored", extra={"key": key})
+            log.warning("unreadable lease key ignored", extra={"key": key})
             return None
 
     async def _renew(self, kv: KeyValue, only: set[int] | None = None) -> None:
@@ -463,38 +469,28 @@ class Leases:
         if late:
             await self._release(late, "lost", delete=False)
 
-    async def _acquire(self, kv: KeyValue, k: int) -> Lease | None:
+    async def _acquire(self, kv: KeyValue, k: int, over: int | None = None) -> Lease | None:
+        """Take partition `k`'s key: create it, or with `over` (the revision an earlier
+        process of this replica wrote) compare-and-set over it. None when someone else's."""
         sent = self.clock()
         since = time.time()
         # The epoch names this ownership: the replica and the time it took the key (a new one on
         # every takeover, so readers know the node's revisions restarted).
         epoch = f"{self.replica}.{k}.{int(since * 1000)}"
-        value = LeaseValue(replica=self.replica, epoch=epoch, since=since, renewed=since)
+        body = _ENCODER.encode(
+            LeaseValue(replica=self.replica, epoch=epoch, since=since, renewed=since)
+        )
+        key = self._partition_key(k)
         try:
-            revision = await self._timed(kv.create(self._partition_key(k), _ENCODER.encode(value)))
+            if over is None:
+                revision = await self._timed(kv.create(key, body))
+            else:
+                revision = await self._timed(kv.update(key, body, last=over))
         except nats.js.errors.KeyWrongLastSequenceError:
-            return None  # taken meanwhile
+            return None  # taken (or changed) meanwhile
         lease = Lease(k, revision, epoch, sent, since)
         self.held[k] = lease
         self.owners[k] = self.replica
-        return lease
-
-    async def _adopt(self, kv: KeyValue, k: int) -> Lease | None:
-        revision = self._revisions.get(k)
-        if revision is None:
-            return None
-        sent = self.clock()
-        since = time.time()
-        epoch = f"{self.replica}.{k}.{int(since * 1000)}"
-        value = LeaseValue(replica=self.replica, epoch=epoch, since=since, renewed=since)
-        try:
-            written = await self._timed(
-                kv.update(self._partition_key(k), _ENCODER.encode(value), last=revision)
-            )
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return None  # it changed meanwhile: not ours any more
-        lease = Lease(k, written, epoch, sent, since)
-        self.held[k] = lease
         return lease
 
     async def _start_serving(self, acquired: dict[int, str]) -> None:

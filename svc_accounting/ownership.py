@@ -21,7 +21,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from shared import subjects
-from shared.core.partitions import partition_of, targets
+from shared.core.partitions import partition_of
 
 if TYPE_CHECKING:
     from svc_accounting.leases import Leases
@@ -104,4 +104,4 @@ class Ownership:
             return False
         if leases.unowned(k):
             return True
-        return k in targets(leases.replica, leases.partitions, leases.members)
+        return k in leases.wanted

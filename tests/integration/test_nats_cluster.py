@@ -34,14 +34,13 @@ from svc_scheduler.read_model import ReadModel
 from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import Harness, wait_for
 from tests.integration.processes import NUMAFIT, free_port, kube_emulator_process
+from tests.jetstream import create_bucket, put_within
 from tests.scheduler.stack import for_create
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
     from nats.aio.client import Client
-    from nats.js.client import JetStreamContext
-    from nats.js.kv import KeyValue
 
 FAILOVER = 5.0
 """Seconds within which requests between two survivors must be answered again after a kill
@@ -87,33 +86,6 @@ async def connect(cluster: NatsCluster, member: int, name: str) -> Client:
     nc = await natsconn.connect(cluster.urls[member], name)
     assert cluster.member_of(port_of(nc)) == member
     return nc
-
-
-async def create_bucket(
-    js: JetStreamContext, config: KeyValueConfig, within: float = 20.0
-) -> KeyValue:
-    """Create a KV bucket, asking again while the cluster is busy settling (on a loaded
-    machine a JetStream API request right after the cluster formed can go unanswered for a
-    while; creating a bucket that exists with the same settings just binds it)."""
-    async with asyncio.timeout(within):
-        while True:
-            try:
-                kv: KeyValue = await js.create_key_value(config)
-                return kv
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                await asyncio.sleep(0.1)  # no answer: the meta leader is being (re)elected
-
-
-async def put_within(kv: KeyValue, key: str, value: bytes, within: float) -> float:
-    """Write `key`, retrying while the stream elects a leader; the seconds it took."""
-    started = time.monotonic()
-    async with asyncio.timeout(within):
-        while True:
-            try:
-                await kv.put(key, value)
-                return time.monotonic() - started
-            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError):
-                await asyncio.sleep(0.05)  # the stream has no leader yet: ask again
 
 
 def test_the_cluster_forms_with_a_jetstream_meta_leader(cluster: NatsCluster) -> None:
@@ -193,7 +165,9 @@ async def test_a_replicated_bucket_stays_writable_when_its_leader_dies(
         survivor = next(c for c in clients if cluster.member_of(port_of(c)) != victim)
         survivor_kv = await survivor.jetstream(timeout=2).key_value("leases")
         cluster.kill(victim)
-        took = await put_within(survivor_kv, "partition.0", b"2", JETSTREAM_FAILOVER)
+        started = time.monotonic()
+        await put_within(survivor_kv, "partition.0", b"2", JETSTREAM_FAILOVER)
+        took = time.monotonic() - started
         assert took < JETSTREAM_FAILOVER
         assert (await survivor_kv.get("partition.0")).value == b"2"
         # Compare-and-set works on the new leader as it did on the old one.

@@ -23,12 +23,12 @@ from shared import subjects
 from shared.nats_server import NatsCluster, find_binary
 from shared.service import natsconn
 from svc_accounting.leases import Leases
+from tests.jetstream import create_bucket, put_within
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
     from nats.aio.client import Client
-    from nats.js.client import JetStreamContext
     from nats.js.kv import KeyValue
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
@@ -270,32 +270,6 @@ async def next_update(watcher: KeyValue.KeyWatcher, within: float = 5.0) -> KeyV
 
 async def stop_watch(watcher: KeyValue.KeyWatcher) -> None:
     await watcher.stop()  # type: ignore[no-untyped-call]  # untyped in nats-py
-
-
-async def create_bucket(
-    js: JetStreamContext, config: KeyValueConfig, within: float = 20.0
-) -> KeyValue:
-    """Create a KV bucket, asking again while the cluster is busy settling (on a loaded
-    machine a JetStream API request right after the cluster formed can go unanswered for a
-    while; creating a bucket that exists with the same settings just binds it)."""
-    async with asyncio.timeout(within):
-        while True:
-            try:
-                kv: KeyValue = await js.create_key_value(config)
-                return kv
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                await asyncio.sleep(0.1)  # no answer: the meta leader is being (re)elected
-
-
-async def put_within(kv: KeyValue, key: str, value: bytes, within: float = 15.0) -> int:
-    """Write `key`, retrying while the bucket's stream elects a leader (a fresh R3 stream, or
-    one whose leader was just lost, can answer "no responders" or not at all for a while)."""
-    async with asyncio.timeout(within):
-        while True:
-            try:
-                return await kv.put(key, value)
-            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError):
-                await asyncio.sleep(0.05)
 
 
 async def refused_create(kv: KeyValue, key: str, value: bytes, within: float = 15.0) -> None:

@@ -33,9 +33,9 @@ from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
-from shared.service import kube_io, natsconn
-from shared.service.backoff import Backoff
+from shared.service import natsconn
 from shared.service.events import EventRecorder
+from shared.service.follow import follow
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
@@ -385,33 +385,23 @@ class AccountingService:
         return tracked is not None and tracked.pod.resource_version == version
 
     async def _watch_loop(self, kind: str, resource_version: str | None) -> None:
-        """Follow one kind forever: watch from `resource_version`; after a 410 (or with no
-        version) relist first. Every failure, of the list or of the watch, is retried with
-        backoff; only cancellation ends the loop."""
-        backoff = Backoff()
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self._relist(kind)
-                async for event_type, obj in self.kube.watch(
-                    kind, resource_version, self._watch_timeout(kind)
-                ):
-                    meta = obj.get("metadata") or {}
-                    resource_version = meta.get("resourceVersion") or resource_version
-                    if event_type != "BOOKMARK":
-                        await self._apply_event(kind, event_type, obj)
-                    backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except kube_io.Gone:
-                log.info("watch expired; relisting", extra={"kind": kind})
-                resource_version = None
-            except Exception as exc:
-                log.warning(
-                    "watch or list failed; retrying",
-                    extra={"kind": kind, "error": bounded(repr(exc)), "delay": backoff.delay},
-                )
-                await backoff.wait()
+        """Follow one kind forever (shared/service/follow.py): watch from `resource_version`;
+        after a 410 (or with no version) relist first; every failure retried with backoff."""
+
+        async def relist() -> str:
+            return await self._relist(kind)
+
+        async def apply(event_type: str, obj: dict[str, Any]) -> None:
+            await self._apply_event(kind, event_type, obj)
+
+        await follow(
+            kind,
+            relist,
+            lambda version: self.kube.watch(kind, version, self._watch_timeout(kind)),
+            apply,
+            log=log,
+            resource_version=resource_version,
+        )
 
     async def _expire_loop(self) -> None:
         """Release held reservations whose bind never came, when their time is up (checked at

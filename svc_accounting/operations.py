@@ -507,7 +507,7 @@ class Operations:
             # The same decision again (kube-scheduler retrying a pod): only its time-to-live
             # is renewed; nothing is published and nothing is written.
             self.ledger.renew(uid, expires)
-            self._note(self.ledger.observe(pod))
+            self._observe(pod)
             reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
             return Outcome(reply, set())
         if _holds_reservation(pod, name, value):
@@ -520,7 +520,7 @@ class Operations:
         # The decision is held in the ledger (published to every reader, so the next filter
         # sees it) without writing the pod: a write would bump its resourceVersion, which sends
         # the pod straight back into kube-scheduler's active queue. The bind writes it.
-        self.ledger.observe(pod)
+        self._observe(pod)  # a newer object first (its changes are published too)
         changed = self.ledger.hold(pod, name, value, int(now), expires)
         reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
         return Outcome(reply, changed | {name})

@@ -56,7 +56,7 @@ from svc_refit.read_model import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from nats.aio.client import Client
     from nats.micro.request import Request
@@ -116,6 +116,15 @@ class _Attempt:
     reserve: float
     started: float = field(default_factory=time.monotonic)
     pod_ref: dict[str, str] | None = None
+    after_reply: list[Callable[[], None]] = field(default_factory=list)
+    """Bookkeeping of a landed move, run once the reply is on its way (`settle`)."""
+
+    def settle(self) -> None:
+        """Run (once) what was kept for after the reply; every step runs, whatever fails."""
+        steps, self.after_reply = self.after_reply, []
+        with contextlib.ExitStack() as stack:
+            for step in reversed(steps):
+                stack.callback(step)
 
     @property
     def timeout(self) -> float:
@@ -219,11 +228,17 @@ class RefitService:
         started = time.perf_counter()
         mode = "unknown"
         try:
-            reply, mode, event_for, logged = await self._decide(request)
+            reply, mode, event_for, logged, settle = await self._decide(request)
             reason = reply.failure_reason
             if reason is not None and len(reason) > MAX_REASON:
                 reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
-            await request.respond(messages.encode(reply))
+            try:
+                await request.respond(messages.encode(reply))
+                # nats-py writes the reply from its flusher task: let it run now, before the
+                # bookkeeping below, instead of after it.
+                await asyncio.sleep(0)
+            finally:
+                settle()
             # Logged, counted and recorded after the answer: kubelet's admission waits on it.
             if logged is not None:
                 self._log(*logged)
@@ -247,14 +262,17 @@ class RefitService:
         str,
         tuple[dict[str, str], Event] | None,
         tuple[RefitRequest, RefitDecision] | None,
+        Callable[[], None],
     ]:
-        """The reply, the mode label, the Event to record and what to log, once answered."""
+        """The reply, the mode label, the Event to record, what to log once answered, and
+        the bookkeeping to settle once the reply is sent."""
         if len(request.data) > MAX_BODY:
-            return _invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown", None, None
+            too_large = _invalid(f"refit request larger than {MAX_BODY} bytes")
+            return too_large, "unknown", None, None, _nothing
         try:
             parsed = messages.decode(request.data, messages.RefitRequest).to_core()
         except MessageError as exc:
-            return _invalid(_cut(str(exc), 200)), "unknown", None, None
+            return _invalid(_cut(str(exc), 200)), "unknown", None, None, _nothing
         mode = parsed.mode.value
         screened = _screen(parsed, subjects.last_token(request.subject))
         if screened is not None:
@@ -264,7 +282,7 @@ class RefitService:
                 "refit request rejected",
                 extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return RefitReply.from_decision(screened), mode, None, None
+            return RefitReply.from_decision(screened), mode, None, None, _nothing
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
         try:
@@ -273,10 +291,14 @@ class RefitService:
                 decision = await self._decide_and_commit(attempt)
         except TimeoutError:
             decision = _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
+        except BaseException:
+            attempt.settle()
+            raise
         event_for = (
             (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
         )
-        return RefitReply.from_decision(decision), mode, event_for, (parsed, decision)
+        reply = RefitReply.from_decision(decision)
+        return reply, mode, event_for, (parsed, decision), attempt.settle
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
         request = attempt.request
@@ -376,14 +398,26 @@ class RefitService:
         claim = usage_growth(tracked.usage, decision.stored_usage or {})
         lost = ""
         reply: MoveReply | None = None
-        with self.read_model.claim(node, request.pod_uid, claim):
-            try:
-                reply = await self.accounting.ask(move, MoveReply, wait, margin=margin)
-            except AccountingUnavailable as exc:
-                lost = _cut(str(exc), 200)
-            if reply is not None and reply.ok:
-                # Before the claim goes: the usage it held must stay counted until the update.
-                self._committed(node, tracked, decision, reply)
+        held = contextlib.ExitStack()
+        held.enter_context(self.read_model.claim(node, request.pod_uid, claim))
+        try:
+            reply = await self.accounting.ask(move, MoveReply, wait, margin=margin)
+        except AccountingUnavailable as exc:
+            lost = _cut(str(exc), 200)
+        except BaseException:
+            held.close()
+            raise
+        if reply is not None and reply.ok:
+            # The read model takes the landed move in once the reply is on its way (the
+            # device plugin does not wait for it); until then the claim keeps the move's
+            # usage counted for every other refit of the node. The claim goes last.
+            landed = reply
+            attempt.after_reply += [
+                lambda: self._committed(node, tracked, decision, landed),
+                held.close,
+            ]
+        else:
+            held.close()
         if reply is None:
             self.metrics.commit("unavailable")
             return await self._verify(
@@ -521,6 +555,10 @@ def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
             event=False,
         )
     return None
+
+
+def _nothing() -> None:
+    """No bookkeeping to settle after the reply."""
 
 
 def _holds(entry: TrackedPod | None, request: RefitRequest, decision: RefitDecision) -> bool:

@@ -10,6 +10,7 @@ Rewrites replace one container's piece in the raw string and keep every other by
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -71,9 +72,29 @@ def decode_container(text: str) -> ContainerEntry:
     return tuple(devices)
 
 
+DECODED_CACHE = 4096
+"""Pod values whose decoding is remembered: each value is decoded several times in its life
+(every reader tracks the pod, every write's response and watch event re-tracks it)."""
+DECODED_CACHE_LENGTH = 2048
+"""Longer values are decoded afresh each time, so the cache stays small whatever it is fed."""
+
+
 def decode_pod(text: str) -> list[ContainerEntry]:
     """Decode a pod value keeping every piece, the trailing empty one included."""
+    if len(text) > DECODED_CACHE_LENGTH:
+        return _decode_pieces(text)
+    return list(_decoded(text))
+
+
+def _decode_pieces(text: str) -> list[ContainerEntry]:
     return [decode_container(piece) for piece in text.split(";")]
+
+
+@functools.lru_cache(maxsize=DECODED_CACHE)
+def _decoded(text: str) -> tuple[ContainerEntry, ...]:
+    # Entries are tuples of frozen devices: sharing them between callers is safe. A value
+    # that does not decode raises, and exceptions are not remembered.
+    return tuple(_decode_pieces(text))
 
 
 def rewrite_entry(raw: str, index: int, entry: Iterable[ContainerDevice]) -> str:

@@ -46,7 +46,7 @@ from shared.core.model import (
     NodeSnapshot,
     Usage,
 )
-from shared.core.nodes import usage_growth, without_pod
+from shared.core.nodes import usage_growth
 from shared.core.policy import parse_policy
 from shared.core.requests import ContainerRequest
 
@@ -137,8 +137,9 @@ def check_commit(
     old_here: Mapping[str, Usage] = (
         tracked.usage if tracked is not None and tracked.node == node.name else {}
     )
-    base = without_pod(node, old_here)
-    devices = base.by_uuid()
+    # Only the devices the commit grows are judged: each is taken out of the node's snapshot
+    # alone, with the pod's own usage there removed (without copying the whole node).
+    devices = node.by_uuid()
 
     reasons: Counter[str] = Counter()
     considered = 0
@@ -148,10 +149,14 @@ def check_commit(
         if uuid not in grown:
             continue
         considered += 1
-        device = devices.get(uuid)
-        if device is None:
+        found = devices.get(uuid)
+        if found is None:
             reasons[CARD_UUID_MISMATCH] += 1
             continue
+        device = found.copy()
+        before = old_here.get(uuid)
+        if before is not None:
+            device.subtract(before.counted)
         for phase in phases:
             here = [d for d in phase if d.uuid == uuid]
             if not here:
@@ -164,7 +169,7 @@ def check_commit(
                 len(here) - 1,
             )
             charged.add(rest)
-            alone = NodeSnapshot(base.name, [charged], base.cordoned)
+            alone = NodeSnapshot(node.name, [charged], node.cordoned)
             request = ContainerRequest(
                 nums=1, type=probe.type, memreq=probe.usedmem, coresreq=probe.usedcores
             )

@@ -6,6 +6,7 @@ which copy receives a container (d.6 fits regular init containers into throw-awa
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -75,18 +76,48 @@ def _type_list(text: str | None) -> tuple[str, ...]:
     return tuple(t.strip().lower() for t in text.split(",") if t.strip())
 
 
+_OPTION_KEYS = (
+    keys.GPU_POLICY,
+    keys.NUMA_BIND,
+    keys.USE_UUID,
+    keys.NOUSE_UUID,
+    keys.USE_TYPE,
+    keys.NOUSE_TYPE,
+    keys.VGPU_MODE,
+    keys.SCORING_WEIGHTS,
+)
+OPTIONS_CACHE = 1024
+"""Distinct settings remembered: most pods carry none of these annotations, or a few shapes."""
+OPTIONS_CACHE_LENGTH = 4096
+"""Settings longer than this (all values together) are parsed afresh, never remembered."""
+
+
 def fit_options(annotations: Mapping[str, str], config: CoreConfig) -> FitOptions:
     """Read the pod's fit settings; raises AnnotationError for invalid scoring weights."""
+    values = tuple(annotations.get(key) for key in _OPTION_KEYS)
+    default = config.gpu_scheduler_policy
+    if sum(len(v) for v in values if v) + len(default) > OPTIONS_CACHE_LENGTH:
+        return _parse_options(values, default)
+    return _cached_options(values, default)
+
+
+def _parse_options(values: tuple[str | None, ...], default_policy: str) -> FitOptions:
+    policy, numa_bind, use_uuids, nouse_uuids, use_types, nouse_types, mode, weights = values
     return FitOptions(
-        policy=parse_policy(annotations.get(keys.GPU_POLICY) or config.gpu_scheduler_policy),
-        numa_bind=parse_go_bool(annotations.get(keys.NUMA_BIND, "").strip()) is True,
-        use_uuids=parse_uuid_list(annotations.get(keys.USE_UUID)),
-        nouse_uuids=parse_uuid_list(annotations.get(keys.NOUSE_UUID)),
-        use_types=_type_list(annotations.get(keys.USE_TYPE)),
-        nouse_types=_type_list(annotations.get(keys.NOUSE_TYPE)),
-        vgpu_mode=annotations.get(keys.VGPU_MODE) or None,
-        weights=parse_scoring_weights(annotations.get(keys.SCORING_WEIGHTS)),
+        policy=parse_policy(policy or default_policy),
+        numa_bind=parse_go_bool((numa_bind or "").strip()) is True,
+        use_uuids=parse_uuid_list(use_uuids),
+        nouse_uuids=parse_uuid_list(nouse_uuids),
+        use_types=_type_list(use_types),
+        nouse_types=_type_list(nouse_types),
+        vgpu_mode=mode or None,
+        weights=parse_scoring_weights(weights),
     )
+
+
+# FitOptions is frozen (its sets are frozensets): one parsed value serves every caller. An
+# invalid value raises, and exceptions are not remembered.
+_cached_options = functools.lru_cache(maxsize=OPTIONS_CACHE)(_parse_options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.codes import Code as Code
 from shared.core import codec, keys
-from shared.core.accounting import TrackedPod, effective, total
+from shared.core.accounting import TrackedPod, effective, kind_at, total
 from shared.core.config import CoreConfig
 from shared.core.errors import AnnotationError
 from shared.core.fit import (
@@ -26,7 +26,7 @@ from shared.core.fit import (
     fit_options,
     restrict,
 )
-from shared.core.model import ContainerDevice, ContainerEntry, NodeSnapshot, Usage
+from shared.core.model import ContainerDevice, ContainerEntry, ContainerKind, NodeSnapshot, Usage
 from shared.core.nodes import without_pod
 from shared.core.pods import Alignment, PodInfo
 from shared.core.quota import QuotaLedger, QuotaProbe
@@ -462,6 +462,11 @@ def preload(
     kinds = tracked.pod.kinds
     without = list(tracked.rows)
     without[index] = ()
+    if not any(without) and not (tracked.released and kind_at(kinds, index) is ContainerKind.INIT):
+        # The container is the pod's only one with GPUs (the common case): nothing of the pod
+        # stays on any device, and the moved container alone is exactly (mem, cores, 1 slot)
+        # wherever it lands, so nothing is put back.
+        return result
     without_usage = effective(kinds, without, tracked.released)
     for device in result.devices:
         if not device.info.matches_vendor(vendor):

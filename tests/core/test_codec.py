@@ -208,3 +208,26 @@ def test_rewrite_changes_exactly_one_piece(
     expected = list(entries)
     expected[index] = new
     assert rewritten == codec.encode_pod(expected)
+
+
+def test_a_decoded_value_is_the_callers_own_list() -> None:
+    """Decodings are remembered; what a caller does with its list never reaches the next."""
+    first = codec.decode_pod(WORKED)
+    first[0] = ()
+    first.append((dev("GPU-x", 1, 1),))
+    assert codec.decode_pod(WORKED) == [(dev("GPU-b", 30000, 60),), (dev("GPU-a", 20000, 30),), ()]
+
+
+def test_an_undecodable_value_is_refused_every_time() -> None:
+    for _ in range(3):
+        with pytest.raises(AnnotationError, match="needs 4"):
+            codec.decode_pod("GPU-a,NVIDIA,1:;")
+
+
+def test_values_longer_than_the_cache_takes_decode_alike() -> None:
+    entry = "GPU-a,NVIDIA,100,1:"
+    long_value = (entry * (codec.DECODED_CACHE_LENGTH // len(entry) + 1)) + ";"
+    assert len(long_value) > codec.DECODED_CACHE_LENGTH
+    decoded = codec.decode_pod(long_value)
+    assert len(decoded) == 2 and len(decoded[0]) == codec.DECODED_CACHE_LENGTH // len(entry) + 1
+    assert codec.decode_pod(long_value) == decoded

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from shared.core import fit as f
+from shared.core import keys
 from shared.core.config import CoreConfig
+from shared.core.errors import AnnotationError
 from shared.core.fit import (
     FitOptions,
     apply_entry,
@@ -263,3 +265,17 @@ def test_apply_entry_counts_one_slot_per_device() -> None:
     fitted = fit_container(node, ContainerRequest(1, memreq=7, coresreq=3), options(), 0, {})
     apply_entry(node, fitted.devices)
     assert node.devices[0].as_dict() == {"used": 1, "usedmem": 7, "usedcores": 3}
+
+
+def test_fit_options_follow_each_pods_annotations() -> None:
+    """The parsed settings are remembered by value: pods with the same annotations share them,
+    any difference is read, and an invalid value is refused every time."""
+    config = CoreConfig()
+    plain = f.fit_options({}, config)
+    assert f.fit_options({"other": "x"}, config) == plain
+    binpack = f.fit_options({keys.GPU_POLICY: "binpack"}, config)
+    assert binpack.policy == parse_policy("binpack") and binpack != plain
+    assert f.fit_options({}, CoreConfig(gpu_scheduler_policy="binpack")).policy == binpack.policy
+    for _ in range(2):
+        with pytest.raises(AnnotationError):
+            f.fit_options({keys.SCORING_WEIGHTS: "slot=x"}, config)

@@ -12,9 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.core import keys
+from shared.core.accounting import effective, track_pod
 from shared.core.fit import FitOptions, fit_container, restrict
-from shared.core.model import DeviceInfo, DeviceUsage, NodeSnapshot
+from shared.core.model import (
+    ContainerDevice,
+    DeviceInfo,
+    DeviceUsage,
+    NodeSnapshot,
+    Usage,
+    snapshot_of,
+)
+from shared.core.pods import pod_from_object
 from shared.core.policy import parse_policy
+from shared.core.refit import preload
 from shared.core.requests import ContainerRequest
 from shared.plan import load_case, run_plan
 from tests.builders import case, container, gpu, node, pod, quota, refit_request
@@ -564,3 +574,39 @@ def test_config_policy_reaches_the_refit() -> None:
     # spread takes the emptier GPU-c, binpack the fuller GPU-b.
     assert spread["containerDevices"] == "GPU-c,NVIDIA,20000,30:"
     assert binpack["containerDevices"] == "GPU-b,NVIDIA,20000,30:"
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario(), st.sampled_from(GPUS), st.booleans())
+def test_preload_plus_the_moved_container_is_the_pods_usage_after_the_move(
+    built: tuple[dict[str, Any], int], target_gpu: str, single: bool
+) -> None:
+    """e.8 on every shape (one GPU container, or several in every phase): the preloaded
+    snapshot plus the moved container's (mem, cores, 1 slot) on its new GPU is the node with
+    the pod counted at its effective usage after the move."""
+    target, index = built
+    if single:  # the pod's only GPU container: every other entry empty
+        rows = target["metadata"]["annotations"][keys.ALLOCATED].split(";")
+        kept = ";".join(r if p == index else "" for p, r in enumerate(rows))
+        target["metadata"]["annotations"][keys.ALLOCATED] = kept
+        target["metadata"]["annotations"][keys.TO_ALLOCATE] = kept
+    tracked = track_pod(pod_from_object(target))
+    assert tracked is not None and tracked.rows is not None
+    infos = [DeviceInfo(u, i, 10, 80000, 100, "NVIDIA A100", i % 2) for i, u in enumerate(GPUS)]
+    other = {"GPU-a": Usage(1000, 5, 1), "GPU-c": Usage(3000, 10, 1)}
+    base = snapshot_of("node-1", infos)
+    base.add_pod_usage(other)
+    counted = NodeSnapshot("node-1", [d.copy() for d in base.devices])
+    counted.add_pod_usage(tracked.usage)
+
+    preloaded = preload(counted, tracked, index, frozenset({target_gpu}), keys.NVIDIA)
+
+    moved = tracked.rows[index][0]
+    after = list(tracked.rows)
+    after[index] = (ContainerDevice(target_gpu, keys.NVIDIA, moved.usedmem, moved.usedcores),)
+    expected = NodeSnapshot("node-1", [d.copy() for d in base.devices])
+    expected.add_pod_usage(effective(tracked.pod.kinds, after, tracked.released))
+    landed = preloaded.by_uuid()
+    landed[target_gpu].add(Usage(moved.usedmem, moved.usedcores, 1))
+    assert preloaded.usage_table() == expected.usage_table()
+    assert counted.usage_table() != base.usage_table()  # the input is left as it was

@@ -2,9 +2,11 @@
 
 - refit round trip as the device plugin sees it (a refit that moves a reservation: decision,
   accounting's move and a resourceVersion-guarded patch), p50/p99 and throughput at 1 and 64
-  concurrent requests (64 nodes, one requester each, as 64 device plugins would), beside a bare
-  nats-py request-reply echo on the same broker and a bare resourceVersion-guarded PATCH on the
-  same API server (the floor under a refit's two NATS round trips and one patch);
+  concurrent requests (64 nodes, one requester each, as 64 device plugins would), beside its
+  floor: a bare nats-py request-reply echo on the same broker, its responder in a process of
+  its own (`shared/bench_echo.py`), and a bare resourceVersion-guarded PATCH on the same API
+  server; `refit_over_floor_ms` is the refit's p50 less theirs. For comparison, the echo with
+  its responder in the bench's own process (no second process to wake);
 - scheduling throughput: pods bound per second through the extender's `/filter` then `/bind`
   over HTTP, one pod at a time as kube-scheduler does, on 20 nodes of 8 GPUs (1 GPU, 1000 MiB
   pods), the device plugin side consuming each pod (accounting's `consume` over NATS, as at
@@ -13,8 +15,9 @@
 - extender filter latency over HTTP at 100, 1000 and 5000 nodes of 8 GPUs;
 - accounting memory per 10,000 reservations (tracemalloc, retained bytes).
 Everything is real: nats-server, the Kubernetes API emulator, and accounting, refit and the
-scheduler each in a process of its own, as deployed (so no service queues behind another's work
-on one event loop); the emulator runs in the bench's process, which counts the writes it serves.
+scheduler, each in a process of its own, as deployed (so no service queues behind another's
+work on one event loop, and every request wakes the process that serves it). The scheduling
+figures run the emulator in the bench's process instead, where it counts the writes it serves.
 """
 
 from __future__ import annotations
@@ -22,17 +25,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
+import sys
 import tempfile
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import aiohttp
 import orjson
 
-from shared import messages, subjects
+from shared import bench_echo, messages, subjects
 from shared.accounting_client import AccountingClient
 from shared.codes import Code
 from shared.core import codec, keys
@@ -139,6 +143,15 @@ class WriteCounter(Faults):
         return super().take(method, path_qs, is_watch)
 
 
+class ControlPlane(NamedTuple):
+    nats_url: str
+    admin: Kube
+    nc: Client
+    scheduler_url: str
+    """The scheduler extender's URL ("" when no scheduler runs)."""
+    kubeconfig: str
+
+
 @contextlib.asynccontextmanager
 async def _control_plane(
     objects: list[tuple[str, dict[str, Any]]],
@@ -147,52 +160,93 @@ async def _control_plane(
     scheduler: bool,
     progress: Progress,
     counter: WriteCounter | None = None,
-) -> AsyncIterator[tuple[str, Kube, Client, str]]:
-    """nats-server, the API emulator (in this process: it stands for the API server and
-    counts the writes it serves) and the services, each in a process of its own as deployed.
-    Yields the NATS URL, an admin API client, a NATS client and the scheduler's URL ("" when
-    no scheduler runs)."""
-    with NatsServer() as server:
-        emulator = KubeEmulator()
-        if counter is not None:
-            emulator.faults = counter  # before start: the app's middleware is bound then
-        async with emulator:
-            with tempfile.TemporaryDirectory() as tmp:
-                kubeconfig = emulator.write_kubeconfig(f"{tmp}/kubeconfig")
-                wiring = InProcess(server.url, kubeconfig)
-                started: list[processes.ServiceProcess] = []
-                try:
-                    admin = await wiring.kube("bench")
-                    for number, (kind, obj) in enumerate(objects, 1):
-                        if kind == "node":
-                            await admin.create_node(obj)
-                        else:
-                            await admin.create_pod("bench", obj)
-                        if number % 500 == 0:
-                            progress(f"created {number}/{len(objects)} objects")
-                    names = ["accounting", *(["refit"] if refit else [])]
-                    listen = processes.free_port()
-                    for name in [*names, *(["scheduler"] if scheduler else [])]:
-                        extra: tuple[str, ...] = ()
-                        if name == "scheduler":
-                            extra = ("--listen-host", "127.0.0.1", "--listen-port", str(listen))
-                        started.append(
-                            processes.start_service(
-                                name,
-                                nats_url=server.url,
-                                kubeconfig=kubeconfig,
-                                log=Path(tmp) / f"{name}.log",
-                                extra_args=extra,
-                            )
+) -> AsyncIterator[ControlPlane]:
+    """nats-server, the API emulator and the services, each in a process of its own as
+    deployed; with a `counter`, the emulator runs in this process instead, which counts the
+    writes it serves."""
+    with NatsServer() as server, tempfile.TemporaryDirectory() as tmp:
+        async with _api_server(Path(tmp), counter) as kubeconfig:
+            wiring = InProcess(server.url, kubeconfig)
+            started: list[processes.ServiceProcess] = []
+            try:
+                admin = await wiring.kube("bench")
+                for number, (kind, obj) in enumerate(objects, 1):
+                    if kind == "node":
+                        await admin.create_node(obj)
+                    else:
+                        await admin.create_pod("bench", obj)
+                    if number % 500 == 0:
+                        progress(f"created {number}/{len(objects)} objects")
+                names = ["accounting", *(["refit"] if refit else [])]
+                listen = processes.free_port()
+                for name in [*names, *(["scheduler"] if scheduler else [])]:
+                    extra: tuple[str, ...] = ()
+                    if name == "scheduler":
+                        extra = ("--listen-host", "127.0.0.1", "--listen-port", str(listen))
+                    started.append(
+                        processes.start_service(
+                            name,
+                            nats_url=server.url,
+                            kubeconfig=kubeconfig,
+                            log=Path(tmp) / f"{name}.log",
+                            extra_args=extra,
                         )
-                        # Accounting first: the others read its ledger as they start.
-                        await started[-1].wait_ready()
-                    url = f"http://127.0.0.1:{listen}" if scheduler else ""
-                    yield server.url, admin, await wiring.nats("bench-client"), url
-                finally:
-                    for service in reversed(started):
-                        await service.stop()
-                    await wiring.close(1.0)
+                    )
+                    # Accounting first: the others read its ledger as they start.
+                    await started[-1].wait_ready()
+                url = f"http://127.0.0.1:{listen}" if scheduler else ""
+                nc = await wiring.nats("bench-client")
+                yield ControlPlane(server.url, admin, nc, url, str(kubeconfig))
+            finally:
+                for service in reversed(started):
+                    await service.stop()
+                await wiring.close(1.0)
+
+
+API_START_TIMEOUT = 30.0
+"""Seconds the API emulator's process may take to listen (imports, then the socket)."""
+API_START_POLL = 0.02
+"""Seconds between two looks for the kubeconfig it writes once listening (its only signal)."""
+
+
+@contextlib.asynccontextmanager
+async def _api_server(tmp: Path, counter: WriteCounter | None) -> AsyncIterator[Path]:
+    """The API emulator, yielding its kubeconfig: in a process of its own (as an API server
+    is: a client's request then wakes another process, as in a cluster), or in this process
+    when its writes are counted."""
+    kubeconfig = tmp / "kubeconfig"
+    if counter is not None:
+        emulator = KubeEmulator()
+        emulator.faults = counter  # before start: the app's middleware is bound then
+        async with emulator:
+            emulator.write_kubeconfig(str(kubeconfig))
+            yield kubeconfig
+        return
+    with (tmp / "kube-emulator.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shared.kube_emulator",
+            "--port",
+            "0",
+            "--kubeconfig-out",
+            str(kubeconfig),
+            "--log-level",
+            "warning",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        async with asyncio.timeout(API_START_TIMEOUT):
+            while not kubeconfig.exists():
+                if process.returncode is not None:
+                    raise RuntimeError(f"the API emulator exited with {process.returncode}")
+                await asyncio.sleep(API_START_POLL)
+        yield kubeconfig
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
 
 
 async def bench_round_trips(requests: int, concurrency: int, progress: Progress) -> dict[str, Any]:
@@ -201,12 +255,11 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
     objects += [("pod", _pod(f"pod-{n}", n, f"GPU-{n}-0")) for n in names]
     objects += [("pod", _plain_pod(f"floor-{n}")) for n in names]
     progress(f"round trips: {concurrency} nodes, {requests} requests per series")
-    async with _control_plane(objects, refit=True, scheduler=False, progress=progress) as (
-        _,
-        admin,
-        nc,
-        _s,
+    async with (
+        _control_plane(objects, refit=True, scheduler=False, progress=progress) as plane,
+        _floor_echo(plane.nats_url) as echo_process,
     ):
+        admin, nc = plane.admin, plane.nc
         uids = {}
         for n in names:
             uids[n] = (await admin.get_pod("bench", f"pod-{n}"))["metadata"]["uid"]
@@ -222,7 +275,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
             nc.connected_url.geturl() if nc.connected_url else "", "echo"
         )
         try:
-            await responder.subscribe("bench.echo", cb=echo)
+            await responder.subscribe(SAME_PROCESS_ECHO, cb=echo)
             await responder.flush()
             flip: dict[str, bool] = dict.fromkeys(names, False)
 
@@ -262,8 +315,9 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                             samples.append(time.perf_counter() - start)
                             versions[node] = _resource_version(body)
                             continue
-                        if kind == "echo":
-                            subject, payload = "bench.echo", b"x" * 300
+                        if kind in ("echo", "echo_same_process"):
+                            subject = echo_process if kind == "echo" else SAME_PROCESS_ECHO
+                            payload = b"x" * 300
                         else:
                             subject, payload = subjects.refit(node), refit_body(node)
                         start = time.perf_counter()
@@ -276,10 +330,11 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                 await asyncio.gather(*(worker(n) for n in names[:workers]))
                 return summarize(samples, time.perf_counter() - started)
 
-            for kind in ("echo", "patch", "refit"):
+            kinds = ("echo", "patch", "refit", "echo_same_process")
+            for kind in kinds:
                 await series(kind, 1, max(requests // 10, 5))
             result: dict[str, Any] = {}
-            for kind in ("echo", "patch", "refit"):
+            for kind in kinds:
                 result[kind] = {
                     "concurrency_1": await series(kind, 1, requests),
                     f"concurrency_{concurrency}": await series(
@@ -287,9 +342,48 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                     ),
                 }
                 progress(f"{kind}: done")
+            result["refit_over_floor_ms"] = {
+                name: round(
+                    value["p50_ms"]
+                    - result["echo"][name]["p50_ms"]
+                    - result["patch"][name]["p50_ms"],
+                    3,
+                )
+                for name, value in result["refit"].items()
+            }
             return result
         finally:
             await responder.close()
+
+
+SAME_PROCESS_ECHO = "bench.echo.same-process"
+ECHO_START_TIMEOUT = 30.0
+"""Seconds the echo's responder process may take to start (imports, NATS connection)."""
+
+
+@contextlib.asynccontextmanager
+async def _floor_echo(nats_url: str) -> AsyncIterator[str]:
+    """A bare nats-py responder in a process of its own (`shared/bench_echo.py`), as refit
+    is to the device plugin; yields the subject it answers."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "shared.bench_echo",
+        "--nats-url",
+        nats_url,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(ECHO_START_TIMEOUT):
+            line = await process.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the echo's responder process did not start: {line!r}")
+        yield bench_echo.SUBJECT
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
 
 
 async def bench_scheduling(pods: int, progress: Progress) -> dict[str, Any]:
@@ -304,7 +398,8 @@ async def bench_scheduling(pods: int, progress: Progress) -> dict[str, Any]:
     counter = WriteCounter()
     async with _control_plane(
         objects, refit=False, scheduler=True, progress=progress, counter=counter
-    ) as (_, admin, nc, extender):
+    ) as plane:
+        admin, nc, extender = plane.admin, plane.nc, plane.scheduler_url
         created = [await admin.get_pod("bench", f"sched-{i:05d}") for i in range(pods)]
         accounting = AccountingClient(nc)
         headers = {"Content-Type": "application/json"}
@@ -388,12 +483,8 @@ async def bench_filter(node_counts: list[int], filters: int, progress: Progress)
         objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
         objects.append(("pod", _pod("candidate", "", None)))
         progress(f"filter: {count} nodes of 8 GPUs")
-        async with _control_plane(objects, refit=False, scheduler=True, progress=progress) as (
-            _,
-            admin,
-            _nc,
-            extender,
-        ):
+        async with _control_plane(objects, refit=False, scheduler=True, progress=progress) as plane:
+            admin, extender = plane.admin, plane.scheduler_url
             pod = await admin.get_pod("bench", "candidate")
             samples: list[float] = []
             async with aiohttp.ClientSession() as session:
@@ -460,18 +551,29 @@ async def run_bench(quick: bool, progress: Progress) -> dict[str, Any]:
 
 def render(figures: dict[str, Any]) -> str:
     lines = ["numafit bench" + (" (quick)" if figures.get("quick") else ""), ""]
+    trips = figures["round_trip"]
     lines.append("Round trip as the device plugin sees it (refit moves a reservation each time):")
-    for kind, label in (
+    rows = (
         ("echo", "bare nats-py echo"),
         ("patch", "bare guarded PATCH"),
         ("refit", "refit (moved)"),
-    ):
-        for name, value in figures["round_trip"][kind].items():
+        ("echo_same_process", "echo, 1 process"),
+    )
+    for kind, label in rows:
+        if kind == "echo_same_process":
+            lines.append(
+                "  the echo with its responder in the requester's process, for comparison:"
+            )
+        for name, value in trips[kind].items():
             lines.append(
                 f"  {label:<18} {name:<15} p50 {value['p50_ms']:8.3f} ms  "
                 f"p99 {value['p99_ms']:8.3f} ms  {value['throughput_per_s']:9.1f} req/s  "
                 f"({value['requests']} requests)"
             )
+    over = ", ".join(
+        f"{name} {value:.3f} ms" for name, value in trips["refit_over_floor_ms"].items()
+    )
+    lines.append(f"  refit p50 over its floor (echo + PATCH, each end its own process): {over}")
     sched = figures["scheduling"]
     lines.append("")
     lines.append(

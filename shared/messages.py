@@ -565,12 +565,20 @@ class MoveRequest(AccountingRequest, frozen=True, kw_only=True):
     to_allocate: str
     allocated: str
     node: str
+    answer_to: str | None = None
+    """The reply subject of the refit request this move commits (the device plugin's inbox):
+    once the move has landed, accounting publishes `answer` there itself, so the requester
+    does not wait for the answer's way back through the refit. Given with `answer`."""
+    answer: msgspec.Raw = msgspec.Raw()
+    """The refit's reply for the landed move, exactly as the refit would send it."""
 
 
 class MoveReply(AccountingReply, frozen=True, kw_only=True):
     WHAT: ClassVar[str] = "move reply"
 
     pod_resource_version: str | None = None
+    answered: bool | None = None
+    """True when accounting published the request's `answer` to `answerTo`."""
     fit_reasons: dict[str, NonNegative] | None = None
     """On `no_fit` and `quota_exceeded`: HAMi's reason names with counts."""
 

@@ -89,6 +89,8 @@ gave up (HAMi's post-timeout commit race, closed by construction)."""
 MAX_REAPPLY = 5
 """Re-reads after a 409 on consume or bind-phase, at most (the caller's deadline usually ends
 the loop first)."""
+MAX_ANSWER = 8192
+"""Largest refit answer accounting relays for a move (a refit reply is a few hundred bytes)."""
 MAX_ERROR_LENGTH = 300
 """Error texts in replies (and log lines) are cut to this many characters."""
 NO_WRITE_OPS = frozenset({"pending", "snapshot"})
@@ -150,6 +152,25 @@ class NotAddressed(Exception):
     """Partitioned accounting: another replica answers this request (no reply from here)."""
 
 
+def _answer(r: MoveRequest) -> tuple[str, bytes] | None:
+    """The answer a move carries for the refit's requester, checked before anything is done:
+    a reply subject (never a service's subject) and a bounded JSON object, or neither."""
+    body = bytes(r.answer)
+    if r.answer_to is None and not body:
+        return None
+    if r.answer_to is None or not body:
+        raise Refused(Code.INVALID_REQUEST, "answerTo and answer come together")
+    if not subjects.valid_reply_subject(r.answer_to):
+        raise Refused(Code.INVALID_REQUEST, f"answerTo {shown(r.answer_to)} is not a reply subject")
+    if len(body) > MAX_ANSWER:
+        raise Refused(
+            Code.INVALID_REQUEST, f"answer of {len(body)} bytes exceeds {MAX_ANSWER} bytes"
+        )
+    if not body.startswith(b"{"):
+        raise Refused(Code.INVALID_REQUEST, "answer must be a JSON object")
+    return r.answer_to, body
+
+
 class _Stale(Exception):
     """409: the pod changed since the resourceVersion the write was based on."""
 
@@ -158,6 +179,8 @@ class _Stale(Exception):
 class Outcome:
     reply: AccountingReply
     changed: set[str]
+    answer: tuple[str, bytes] | None = None
+    """A landed move's answer for the refit's requester: (its reply subject, the body)."""
 
     @property
     def code(self) -> Code:
@@ -582,6 +605,7 @@ class Operations:
     async def move(self, name: str, r: MoveRequest) -> Outcome:
         """The refit's commit: both annotation values, computed at `revision` (or, when the
         node moved on meanwhile, on the pod at `podResourceVersion`, unchanged since)."""
+        answer = _answer(r)
         node = self._known(name)
         uid, revision, pod_version = r.pod_uid, r.revision, r.pod_resource_version
         index = r.container_index
@@ -641,8 +665,12 @@ class Operations:
         written, changed = await self._patch_pod(
             tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
         )
-        reply = MoveReply(**self._ok(node), pod_resource_version=written.resource_version)
-        return Outcome(reply, changed)
+        reply = MoveReply(
+            **self._ok(node),
+            pod_resource_version=written.resource_version,
+            answered=True if answer is not None else None,
+        )
+        return Outcome(reply, changed, answer)
 
     async def consume(self, name: str, r: ConsumeRequest) -> Outcome:
         node = self._known(name)

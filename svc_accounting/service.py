@@ -579,6 +579,10 @@ class AccountingService:
         try:
             outcome = await self.ops.handle(op, token, request.data)
             reply = outcome.reply
+            if outcome.answer is not None:
+                # A landed move's answer to the device plugin first, then the refit's reply:
+                # both leave in one write, and the device plugin is answered a hop sooner.
+                await self.nc.publish(*outcome.answer)
             # The answer first: the caller's next step does not wait for the publishing and
             # bookkeeping below (the ledger already holds the change the reply reports).
             await request.respond(messages.encode(reply))

@@ -330,6 +330,10 @@ class ReadModel:
                 self._claims.pop(node, None)
             self._pulse(node)
 
+    def moving(self, node: str, pod_uid: str) -> bool:
+        """Is a move of `pod_uid` on `node` in flight (sent, its reply not applied yet)?"""
+        return any(c.pod_uid == pod_uid for c in self._claims.get(node, {}).values())
+
     def claims(self, node: str, excluding: str) -> list[Claim]:
         return [c for c in self._claims.get(node, {}).values() if c.pod_uid != excluding]
 

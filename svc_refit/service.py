@@ -116,6 +116,10 @@ class _Attempt:
     reserve: float
     started: float = field(default_factory=time.monotonic)
     pod_ref: dict[str, str] | None = None
+    answer_to: str | None = None
+    """The requester's reply subject: accounting answers it itself once a move lands."""
+    answered: bool = False
+    """Accounting published the answer of the landed move to the requester."""
     after_reply: list[Callable[[], None]] = field(default_factory=list)
     """Bookkeeping of a landed move, run once the reply is on its way (`settle`)."""
 
@@ -228,11 +232,18 @@ class RefitService:
         started = time.perf_counter()
         mode = "unknown"
         try:
-            reply, mode, event_for, logged, settle = await self._decide(request)
+            reply, mode, event_for, logged, settle, answered = await self._decide(request)
             reason = reply.failure_reason
             if reason is not None and len(reason) > MAX_REASON:
                 reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
             try:
+                if answered:
+                    # The requester has its answer (from accounting) and may ask about the pod
+                    # again at once: the read model takes the move in first.
+                    settle()
+                # Also after a landed move that accounting answered already (the requester
+                # takes the first answer; the two are the same bytes): the one answer that
+                # NATS permissions, a lost message or an older accounting cannot withhold.
                 await request.respond(messages.encode(reply))
                 # nats-py writes the reply from its flusher task: let it run now, before the
                 # bookkeeping below, instead of after it.
@@ -263,16 +274,18 @@ class RefitService:
         tuple[dict[str, str], Event] | None,
         tuple[RefitRequest, RefitDecision] | None,
         Callable[[], None],
+        bool,
     ]:
-        """The reply, the mode label, the Event to record, what to log once answered, and
-        the bookkeeping to settle once the reply is sent."""
+        """The reply, the mode label, the Event to record, what to log once answered, the
+        bookkeeping to settle once the reply is sent, and whether accounting answered the
+        requester already (a landed move)."""
         if len(request.data) > MAX_BODY:
             too_large = _invalid(f"refit request larger than {MAX_BODY} bytes")
-            return too_large, "unknown", None, None, _nothing
+            return too_large, "unknown", None, None, _nothing, False
         try:
             parsed = messages.decode(request.data, messages.RefitRequest).to_core()
         except MessageError as exc:
-            return _invalid(_cut(str(exc), 200)), "unknown", None, None, _nothing
+            return _invalid(_cut(str(exc), 200)), "unknown", None, None, _nothing, False
         mode = parsed.mode.value
         screened = _screen(parsed, subjects.last_token(request.subject))
         if screened is not None:
@@ -282,9 +295,10 @@ class RefitService:
                 "refit request rejected",
                 extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return RefitReply.from_decision(screened), mode, None, None, _nothing
+            return RefitReply.from_decision(screened), mode, None, None, _nothing, False
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
+        attempt.answer_to = natsconn.reply_subject(request)
         try:
             loop = asyncio.get_running_loop()
             async with asyncio.timeout_at(loop.time() + attempt.left()):
@@ -298,7 +312,8 @@ class RefitService:
             (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
         )
         reply = RefitReply.from_decision(decision)
-        return reply, mode, event_for, (parsed, decision), attempt.settle
+        answered = attempt.answered and decision.code is Code.MOVED
+        return reply, mode, event_for, (parsed, decision), attempt.settle, answered
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
         request = attempt.request
@@ -312,6 +327,14 @@ class RefitService:
         while True:
             if attempt.left() <= 0:
                 return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
+            if self.read_model.moving(node, uid):
+                # An earlier move of this pod is in flight: accounting may have answered its
+                # requester already (who can ask again before that move's reply is applied
+                # here), so decide on the pod only once that move has settled.
+                wait = attempt.left() - verify_reserve(attempt.timeout) - MIN_COMMIT_BUDGET
+                if await self.read_model.wait_change(node, wait):
+                    continue
+                return _failed(Code.DEADLINE_EXCEEDED, "an earlier move of this pod is in flight")
             try:
                 view = await self.read_model.view(
                     node, uid, request.pod_namespace, attempt.deadline, attempt.reserve
@@ -386,6 +409,7 @@ class RefitService:
         wait = attempt.left() - verify_reserve(attempt.timeout)
         if wait - margin < MIN_COMMIT_BUDGET:
             return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent before commit")
+        answer_to = attempt.answer_to
         move = MoveRequest(
             pod_uid=request.pod_uid,
             revision=view.revision,
@@ -394,6 +418,14 @@ class RefitService:
             to_allocate=decision.annotations[keys.TO_ALLOCATE],
             allocated=decision.annotations[keys.ALLOCATED],
             node=node,
+            # The reply for the move once it lands, sent by accounting straight to the
+            # requester: what `_serve` would send (a success carries no failure text to cut).
+            answer_to=answer_to,
+            answer=(
+                msgspec.Raw(messages.encode(RefitReply.from_decision(decision)))
+                if answer_to is not None
+                else msgspec.Raw()
+            ),
         )
         claim = usage_growth(tracked.usage, decision.stored_usage or {})
         lost = ""
@@ -408,6 +440,7 @@ class RefitService:
             held.close()
             raise
         if reply is not None and reply.ok:
+            attempt.answered = reply.answered is True
             # The read model takes the landed move in once the reply is on its way (the
             # device plugin does not wait for it); until then the claim keeps the move's
             # usage counted for every other refit of the node. The claim goes last.

@@ -21,14 +21,21 @@ def test_quick_bench_reports_every_figure() -> None:
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
-    for kind in ("echo", "patch", "refit"):
-        series = figures["round_trip"][kind]
+    trips = figures["round_trip"]
+    for kind in ("echo", "patch", "refit", "echo_same_process"):
+        series = trips[kind]
         assert set(series) == {"concurrency_1", "concurrency_8"}
         for value in series.values():
             assert (
                 value["requests"] > 0 and value["p50_ms"] > 0 and value["p99_ms"] >= value["p50_ms"]
             )
             assert value["throughput_per_s"] > 0
+    # The distance to the floor is computed from the figures shown beside it.
+    over = trips["refit_over_floor_ms"]
+    assert set(over) == {"concurrency_1", "concurrency_8"}
+    for name, value in over.items():
+        floor = trips["echo"][name]["p50_ms"] + trips["patch"][name]["p50_ms"]
+        assert abs(value - (trips["refit"][name]["p50_ms"] - floor)) < 0.002
     scheduling = figures["scheduling"]
     assert scheduling["pods"] > 0 and scheduling["nodes"] == 20
     assert isinstance(scheduling["pods_per_s"], float) and scheduling["pods_per_s"] > 0

@@ -29,6 +29,7 @@ from nats.protocol import parser
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
+    from nats.micro.request import Request
     from nats.micro.service import Service
 
 log = logging.getLogger("numafit.nats")
@@ -188,6 +189,13 @@ def credentials_of(servers: list[str]) -> dict[str, str]:
         if parts.username:
             return {"token": urllib.parse.unquote(parts.username)}
     return {}
+
+
+def reply_subject(request: Request) -> str | None:
+    """The reply subject of a `nats.micro` request (None when the sender expects no reply).
+    nats.micro keeps the message private; the reply subject is what NATS calls `msg.reply`."""
+    reply: str = request._msg.reply
+    return reply or None
 
 
 NO_RESPONDERS_GRACE = 0.1

@@ -453,3 +453,41 @@ async def test_nobody_else_touches_the_lease_bucket(fresh_cluster: NatsCluster, 
         ):
             assert any(subject in v.lower() for v in intruder.violations), subject
         assert accounting.violations == []
+
+
+async def test_accounting_answers_a_nodes_refit_in_its_inbox(cluster: NatsCluster) -> None:
+    """A landed move's answer goes from accounting straight to the device plugin that asked,
+    through the grant on the node's inbox prefix (as well as the refit's own answer)."""
+    async with connected(cluster, "accounting", "refit", "node-1") as (accounting, refit, node):
+        assert accounting.nc is not None and refit.nc is not None and node.nc is not None
+        relay, forward = accounting.nc, refit.nc
+        answered = asyncio.Event()
+
+        async def refit_forwards(msg: Any) -> None:
+            # As svc_refit sends a move: the requester's reply subject rides along; the refit
+            # does not answer here, so only accounting's answer can reach the node.
+            async with asyncio.timeout(5):
+                while True:
+                    try:
+                        await natsconn.request(
+                            forward, subjects.accounting("move", "node-1"), msg.reply.encode(), 2
+                        )
+                        return
+                    except nats.errors.NoRespondersError:
+                        await asyncio.sleep(0.02)  # accounting's interest still on its way
+
+        async def accounting_answers(msg: Any) -> None:
+            await relay.publish(msg.data.decode(), b'{"answered": "accounting"}')
+            await msg.respond(b'{"ok": true}')
+            answered.set()
+
+        await forward.subscribe(
+            subjects.REFIT_WILDCARD, queue=subjects.REFIT_QUEUE, cb=refit_forwards
+        )
+        await relay.subscribe(subjects.accounting_wildcard("move"), cb=accounting_answers)
+        await forward.flush()
+        await relay.flush()
+        reply = await served_request(node.nc, subjects.refit("node-1"))
+        assert reply.data == b'{"answered": "accounting"}'
+        await asyncio.wait_for(answered.wait(), 5)
+        assert accounting.violations == [] and refit.violations == []

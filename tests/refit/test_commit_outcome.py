@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from shared.accounting_client import AccountingUnavailable
 from shared.core import keys
 from shared.messages import MoveRequest
-from tests.integration.harness import harness
+from tests.integration.harness import harness, wait_for
 from tests.metrics import refit_counter
 from tests.refit.helpers import request_for, worked_objects
 
@@ -50,7 +50,10 @@ async def test_a_move_whose_answer_is_lost_is_reported_moved_when_it_landed(
         }
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
         assert stored[keys.TO_ALLOCATE] == MOVED_PENDING
-        assert refit_counter(h.refit, "uncertain_commits", outcome="landed") == 1
+        # Accounting answered the requester itself; the refit, whose copy of the answer was
+        # lost, checks that the move landed and says so (`moved`, the same answer) after it.
+        refit = h.refit
+        await wait_for(lambda: refit_counter(refit, "uncertain_commits", outcome="landed") == 1)
 
 
 async def test_a_move_that_did_not_land_is_not_reported_moved(

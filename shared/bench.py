@@ -297,8 +297,11 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                     }
                 )
 
-            async def series(kind: str, workers: int, per_worker: int) -> dict[str, float]:
-                samples: list[float] = []
+            async def series(
+                kind: str, workers: int, per_worker: int, samples: list[float]
+            ) -> float:
+                """Run `per_worker` requests on each of `workers` nodes into `samples`; the
+                seconds it took."""
 
                 async def worker(node: str) -> None:
                     for _ in range(per_worker):
@@ -328,20 +331,30 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
 
                 started = time.perf_counter()
                 await asyncio.gather(*(worker(n) for n in names[:workers]))
-                return summarize(samples, time.perf_counter() - started)
+                return time.perf_counter() - started
+
+            async def interleaved(workers: int, per_worker: int) -> dict[str, dict[str, float]]:
+                """Every kind in turn, ROUNDS times, so that the refit and its floor are
+                measured under the same conditions (a shared machine's speed drifts)."""
+                samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+                spent = dict.fromkeys(kinds, 0.0)
+                batch = max(per_worker // ROUNDS, 1)
+                for _ in range(ROUNDS):
+                    for kind in kinds:
+                        spent[kind] += await series(kind, workers, batch, samples[kind])
+                return {kind: summarize(samples[kind], spent[kind]) for kind in kinds}
 
             kinds = ("echo", "patch", "refit", "echo_same_process")
             for kind in kinds:
-                await series(kind, 1, max(requests // 10, 5))
-            result: dict[str, Any] = {}
-            for kind in kinds:
-                result[kind] = {
-                    "concurrency_1": await series(kind, 1, requests),
-                    f"concurrency_{concurrency}": await series(
-                        kind, concurrency, max(requests // concurrency, 1)
-                    ),
-                }
-                progress(f"{kind}: done")
+                await series(kind, 1, max(requests // 10, 5), [])
+            single = await interleaved(1, requests)
+            progress("concurrency 1: done")
+            many = await interleaved(concurrency, max(requests // concurrency, 1))
+            progress(f"concurrency {concurrency}: done")
+            result: dict[str, Any] = {
+                kind: {"concurrency_1": single[kind], f"concurrency_{concurrency}": many[kind]}
+                for kind in kinds
+            }
             result["refit_over_floor_ms"] = {
                 name: round(
                     value["p50_ms"]
@@ -357,6 +370,8 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
 
 
 SAME_PROCESS_ECHO = "bench.echo.same-process"
+ROUNDS = 5
+"""The round-trip series run interleaved, each kind in turn this many times."""
 ECHO_START_TIMEOUT = 30.0
 """Seconds the echo's responder process may take to start (imports, NATS connection)."""
 

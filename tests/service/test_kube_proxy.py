@@ -70,29 +70,30 @@ async def _list_version(kubeconfig: str) -> str:
         await api.close()
 
 
-async def test_the_proxy_of_the_environment_is_used(
+@pytest.mark.parametrize(
+    ("no_proxy", "answered_by"), [(None, "proxy"), ("127.0.0.1", "api server")]
+)
+async def test_the_proxy_of_the_environment_is_used_unless_no_proxy_names_the_host(
     servers: tuple[int, int, list[str], list[str]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    no_proxy: str | None,
+    answered_by: str,
 ) -> None:
     api_port, proxy_port, direct, proxied = servers
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy_port}")
-    monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    assert await _list_version(_kubeconfig(tmp_path / "kc", api_port)) == "2"
-    assert proxied == [f"http://127.0.0.1:{api_port}/api/v1/pods"] and direct == []
-
-
-async def test_no_proxy_bypasses_it(
-    servers: tuple[int, int, list[str], list[str]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    api_port, proxy_port, direct, proxied = servers
-    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy_port}")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    assert await _list_version(_kubeconfig(tmp_path / "kc", api_port)) == "1"
-    assert proxied == [] and len(direct) == 1
+    if no_proxy is None:
+        monkeypatch.delenv("NO_PROXY", raising=False)
+    else:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+    version = await _list_version(_kubeconfig(tmp_path / "kc", api_port))
+    if answered_by == "proxy":
+        assert version == "2"
+        assert proxied == [f"http://127.0.0.1:{api_port}/api/v1/pods"] and direct == []
+    else:
+        assert version == "1"
+        assert proxied == [] and len(direct) == 1
 
 
 class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):

@@ -112,7 +112,11 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as response:
                 return json.load(response)
         except urllib.error.HTTPError as exc:  # a bad query: Prometheus's error body
-            return json.load(exc)
+            body = exc.read()
+            if exc.code == 503 and not body.lstrip().startswith(b"{"):
+                # Still starting: its API answers 503 with a plain-text body until it is ready.
+                raise ConnectionError(f"prometheus not ready: {body[:80]!r}") from exc
+            return json.loads(body)
 
     def pause(self) -> None:
         """Give Prometheus a moment (its next scrape or evaluation) while watching it runs."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import secrets
@@ -39,17 +40,29 @@ def request_for(created: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return body
 
 
+NO_RESPONDERS = "503"
+"""The status header of nats-server's "no responders" answer (an empty message)."""
+
+
 async def raw_refit(h: Harness, token: str, payload: bytes, within: float = 5.0) -> dict[str, Any]:
     """Publish on `numafit.refit.v1.<token>` with a one-letter reply subject, so that even a
     4000-character token keeps the test client's own control line under nats-server's limit."""
     assert h.client_nc is not None
-    inbox = f"r{secrets.token_hex(3)}"
-    sub = await h.client_nc.subscribe(inbox, max_msgs=1)
-    try:
-        await h.client_nc.publish(f"{subjects.REFIT_PREFIX}.{token}", payload, reply=inbox)
-        msg = await sub.next_msg(timeout=within)
-    finally:
-        await sub.unsubscribe()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        inbox = f"r{secrets.token_hex(3)}"
+        sub = await h.client_nc.subscribe(inbox, max_msgs=1)
+        try:
+            await h.client_nc.publish(f"{subjects.REFIT_PREFIX}.{token}", payload, reply=inbox)
+            msg = await sub.next_msg(timeout=max(deadline - loop.time(), 0.001))
+        finally:
+            await sub.unsubscribe()
+        if (msg.headers or {}).get("Status") != NO_RESPONDERS:
+            break
+        # nats-server can say "no responders" to a request sent just after the service's
+        # subscription was flushed (shared/service/natsconn.py `request` rides over it too).
+        await asyncio.sleep(0.005)
     reply: dict[str, Any] = orjson.loads(msg.data)
     return reply
 

@@ -37,6 +37,8 @@ PASSWORDS = {
     for who in ("ACCOUNTING", "REFIT", "SCHEDULER", "NODE_1", "NODE_2")
 }
 BUCKET = "numafit-accounting"
+WATCH_CATCH_UP = 30.0
+"""Seconds a KV watch may take to deliver what was written (see its use)."""
 INBOX = {
     "accounting": "_INBOX_accounting",
     "refit": "_INBOX_refit",
@@ -329,9 +331,11 @@ async def test_accounting_keeps_its_leases_in_the_bucket(
         assert taken > renewed
 
         updates: list[tuple[str, str | None]] = []
-        async with asyncio.timeout(5):
+        # Bounded generously: a watch made while the fresh R3 stream settles its leader can
+        # stall until nats-py notices two missed heartbeats and recreates its consumer.
+        async with asyncio.timeout(WATCH_CATCH_UP):
             while len(updates) < 5:
-                update = await next_update(watcher)
+                update = await next_update(watcher, WATCH_CATCH_UP)
                 if update is not None:
                     updates.append((update.key, update.operation))
         assert updates == [

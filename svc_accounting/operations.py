@@ -665,11 +665,7 @@ class Operations:
         written, changed = await self._patch_pod(
             tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
         )
-        reply = MoveReply(
-            **self._ok(node),
-            pod_resource_version=written.resource_version,
-            answered=True if answer is not None else None,
-        )
+        reply = MoveReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed, answer)
 
     async def consume(self, name: str, r: ConsumeRequest) -> Outcome:

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import nats.micro
 
 from shared import messages, subjects
@@ -56,6 +57,7 @@ from svc_accounting.operations import (
     bounded,
 )
 from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
+from svc_accounting.relay import AnswerRelay
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -170,6 +172,7 @@ class AccountingService:
             kube, self.supervisor, timeout=event_timeout, task_name="drift-event", logger=log
         )
         self.ledger = Ledger()
+        self.relay = AnswerRelay(nc)
         self.ops = Operations(
             self.ledger,
             kube,
@@ -209,6 +212,7 @@ class AccountingService:
 
     async def start(self) -> None:
         await self.supervisor.start()
+        self.relay.watch()
         versions = await self.rebuild()
         self._rebuilt_at = time.monotonic()
         self.readiness.set("ledger")
@@ -580,9 +584,7 @@ class AccountingService:
             outcome = await self.ops.handle(op, token, request.data)
             reply = outcome.reply
             if outcome.answer is not None:
-                # A landed move's answer to the device plugin first, then the refit's reply:
-                # both leave in one write, and the device plugin is answered a hop sooner.
-                await self.nc.publish(*outcome.answer)
+                reply = await self._relay(reply, *outcome.answer)
             # The answer first: the caller's next step does not wait for the publishing and
             # bookkeeping below (the ledger already holds the change the reply reports).
             await request.respond(messages.encode(reply))
@@ -614,6 +616,20 @@ class AccountingService:
                 await self._publish_changed(outcome.changed)
             except Exception:
                 log.exception("publishing a change failed", extra={"op": op})
+
+    async def _relay(
+        self, reply: messages.AccountingReply, subject: str, body: bytes
+    ) -> messages.AccountingReply:
+        """A landed move's answer to the device plugin first, then the refit's reply (both
+        leave in one write, and the device plugin is answered a hop sooner). The reply says
+        `answered` only where the broker is known to take accounting's answers (relay.py):
+        elsewhere the refit sends its own copy too."""
+        allowed = self.relay.allowed(subject)
+        if allowed is not False:
+            await self.nc.publish(subject, body)
+            if allowed is None and self.relay.needs_check(subject):
+                self.supervisor.spawn(self.relay.check(subject), "answer-relay-check")
+        return msgspec.structs.replace(reply, answered=True) if allowed else reply
 
     def _unowned(self, op: str, token: str) -> messages.AccountingReply:
         kinds = messages.OPS.get(op)

@@ -240,11 +240,13 @@ class RefitService:
                 if answered:
                     # The requester has its answer (from accounting) and may ask about the pod
                     # again at once: the read model takes the move in first.
+                    # Accounting's answer is known to reach it: the refit sends no copy.
                     settle()
-                # Also after a landed move that accounting answered already (the requester
-                # takes the first answer; the two are the same bytes): the one answer that
-                # NATS permissions, a lost message or an older accounting cannot withhold.
-                await request.respond(messages.encode(reply))
+                else:
+                    # Also after a landed move that accounting answered where the broker is
+                    # not known to take its answers, or an older accounting did not answer
+                    # (the requester takes the first; the two are the same bytes).
+                    await request.respond(messages.encode(reply))
                 # nats-py writes the reply from its flusher task: let it run now, before the
                 # bookkeeping below, instead of after it.
                 await asyncio.sleep(0)

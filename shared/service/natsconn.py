@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("numafit.nats")
 
 ReconnectHook = Callable[[], Awaitable[None]]
+ErrorHook = Callable[[str], None]
+"""Told the text of every asynchronous error the server reports (a permissions violation)."""
+
+
+def on_error(nc: Client, hook: ErrorHook) -> None:
+    """Call `hook` with each asynchronous error of a connection made by `connect`."""
+    hooks: list[ErrorHook] | None = getattr(nc, "_numafit_error_hooks", None)
+    if hooks is None:
+        raise ValueError("on_error needs a connection made by shared.service.natsconn.connect")
+    hooks.append(hook)
+
 
 _SEP = rb"[ \t]+"
 _ARG = rb"([^ \t\r\n]+)"
@@ -76,6 +87,7 @@ async def connect(
     run after every reconnect, e.g. to republish state readers may have missed. `on_closed`
     gets a reason when the connection is closed without the service asking."""
     hooks = on_reconnect if on_reconnect is not None else []
+    error_hooks: list[ErrorHook] = []
     client: list[Client] = []
     warned = [False]
     said: set[str] = set()
@@ -119,6 +131,11 @@ async def connect(
         # a reset). Errors on a live connection (a permissions violation) are always said.
         text = str(exc)[:200] or type(exc).__name__
         last_error[0] = text
+        for hook in list(error_hooks):
+            try:
+                hook(text)
+            except Exception:
+                log.exception("nats error hook failed", extra={"client": name})
         connecting = not client or not client[0].is_connected
         if (isinstance(exc, (ConnectionRefusedError, OSError)) and warned[0]) or (
             connecting and text in said
@@ -149,6 +166,7 @@ async def connect(
                 drain_timeout=DRAIN_TIMEOUT,
             )
             client.append(nc)
+            nc._numafit_error_hooks = error_hooks  # type: ignore[attr-defined]
             warned[0] = False  # connected: the next outage is said afresh
             said.clear()
             # One round trip before the first publish: on a fresh connection nats-server

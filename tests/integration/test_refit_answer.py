@@ -15,7 +15,7 @@ from shared import subjects
 from shared.core import keys
 from shared.messages import MoveRequest
 from tests.builders import container, gpu, node, pod, refit_request
-from tests.integration.harness import Harness, harness
+from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
 
 if TYPE_CHECKING:
@@ -70,29 +70,32 @@ class Inbox:
         return self.of(number)[0]
 
 
-async def test_a_landed_move_is_answered_by_accounting_and_the_refit_alike(
+async def test_accounting_answers_alone_once_the_broker_took_its_answer(
     nats_url: str, tmp_path: Path
 ) -> None:
-    """Accounting's answer comes first; the refit's, the same bytes, after it (the one that no
-    NATS permission or lost message can withhold); a requester takes the first."""
+    """The first landed move answered to an inbox prefix is answered twice (accounting's answer
+    first, then the refit's copy, the same bytes) while accounting learns that the broker takes
+    its answers there; after that accounting's answer is the only one."""
     async with harness(nats_url, tmp_path, one_pod_objects()) as h:
         created = await h.pod("ml", "infer")
         inbox = await Inbox(h).open()
+        to_b = {"succeeded": True, "code": "moved", "containerDevices": "GPU-b,NVIDIA,10000,10:"}
+        to_a = {"succeeded": True, "code": "moved", "containerDevices": "GPU-a,NVIDIA,10000,10:"}
 
-        moved = await inbox.ask(refit_request(created, 0, ["GPU-b"]))
-        expected = {
-            "succeeded": True,
-            "code": "moved",
-            "containerDevices": "GPU-b,NVIDIA,10000,10:",
-        }
-        assert moved == expected
-        # The refit answers the next one itself, on the connection its answer to the first
-        # came by: that one is in by then.
-        aligned = await inbox.ask(refit_request(created, 0, ["GPU-b"]))
+        assert await inbox.ask(refit_request(created, 0, ["GPU-b"])) == to_b
+        assert h.accounting is not None
+        relay = h.accounting.relay
+        await wait_for(lambda: relay.allowed(f"{inbox.prefix}.x") is True)
+        assert await inbox.ask(refit_request(created, 0, ["GPU-a"])) == to_a
+        # The refit answers the next one itself, on the connection its copies come by: any
+        # copy of the earlier answers is in by the time this answer is.
+        aligned = await inbox.ask(refit_request(created, 0, ["GPU-a"]))
         assert aligned["code"] == "already_aligned"
-        assert inbox.of(1) == [expected, expected] and inbox.of(2) == [aligned]
+        assert inbox.of(1) == [to_b, to_b]
+        assert inbox.of(2) == [to_a]
+        assert inbox.of(3) == [aligned]
         annotations = (await h.pod("ml", "infer"))["metadata"]["annotations"]
-        assert annotations[keys.ALLOCATED] == "GPU-b,NVIDIA,10000,10:;"
+        assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,10000,10:;"
 
 
 async def test_a_pod_asked_about_again_at_once_is_decided_on_the_landed_move(
@@ -157,22 +160,27 @@ async def test_accounting_publishes_the_answer_before_its_reply(
         created = await h.pod("ml", "infer")
         inbox = await Inbox(h).open()
         revision = (await h.client.snapshot("node-1"))["nodes"][0]["revision"]
-        body = _move(created, revision, answerTo=f"{inbox.prefix}.0", answer={"relayed": True})
-        reply = await h.client.call("move", "node-1", body)
-        assert reply["ok"] is True and reply["answered"] is True
+        first = _move(created, revision, answerTo=f"{inbox.prefix}.0", answer={"n": 0})
+        reply = await h.client.call("move", "node-1", first)
         # Published before the reply, on the same connection: here before the reply returned.
-        assert inbox.answers == [(0, {"relayed": True})]
-        plain = await h.client.call(
-            "move",
-            "node-1",
-            dict(
-                _move(created, reply["revision"]),
-                toAllocate=created["metadata"]["annotations"][keys.TO_ALLOCATE],
-                allocated=created["metadata"]["annotations"][keys.ALLOCATED],
-            ),
+        # Not yet known to reach this prefix: the reply does not say `answered`.
+        assert reply["ok"] is True and "answered" not in reply
+        assert inbox.answers == [(0, {"n": 0})]
+        assert h.accounting is not None
+        relay = h.accounting.relay
+        await wait_for(lambda: relay.allowed(f"{inbox.prefix}.0") is True)
+        annotations = created["metadata"]["annotations"]
+        back = dict(
+            _move(created, reply["revision"], answerTo=f"{inbox.prefix}.1", answer={"n": 1}),
+            toAllocate=annotations[keys.TO_ALLOCATE],
+            allocated=annotations[keys.ALLOCATED],
         )
+        again = await h.client.call("move", "node-1", back)
+        assert again["ok"] is True and again["answered"] is True
+        assert inbox.answers == [(0, {"n": 0}), (1, {"n": 1})]
+        plain = await h.client.call("move", "node-1", _move(created, again["revision"]))
         assert plain["ok"] is True and "answered" not in plain
-        assert inbox.answers == [(0, {"relayed": True})]
+        assert inbox.answers == [(0, {"n": 0}), (1, {"n": 1})]
 
 
 async def test_a_request_waits_for_the_pods_move_in_flight(

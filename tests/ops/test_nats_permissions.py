@@ -23,6 +23,7 @@ from shared import subjects
 from shared.nats_server import NatsCluster, find_binary
 from shared.service import natsconn
 from svc_accounting.leases import Leases
+from svc_accounting.relay import AnswerRelay
 from tests.jetstream import create_bucket, put_within
 
 if TYPE_CHECKING:
@@ -495,3 +496,34 @@ async def test_accounting_answers_a_nodes_refit_in_its_inbox(cluster: NatsCluste
         assert reply.data == b'{"answered": "accounting"}'
         await asyncio.wait_for(answered.wait(), 5)
         assert accounting.violations == [] and refit.violations == []
+
+
+async def test_accounting_trusts_its_answers_only_where_the_broker_takes_them(
+    cluster: NatsCluster,
+) -> None:
+    """svc_accounting/relay.py with the accounting credentials: a node inbox prefix the sample
+    grants is trusted after one answer; one it does not grant (node-3 has no line) is known
+    refused, so the refit keeps answering there itself."""
+    nc = await natsconn.connect(
+        url(cluster, "accounting"), "accounting", inbox_prefix=inbox("accounting")
+    )
+    try:
+        relay = AnswerRelay(nc)
+        relay.watch()
+        refused = asyncio.Event()
+        natsconn.on_error(nc, lambda text: refused.set())  # told after the relay
+        granted, denied = "_INBOX_node-1.probe.1", "_INBOX_node-3.probe.1"
+
+        assert relay.allowed(granted) is None and relay.needs_check(granted)
+        await nc.publish(granted, b'{"answered": "accounting"}')
+        await relay.check(granted)
+        assert relay.allowed(granted) is True and not relay.needs_check(granted)
+
+        assert relay.allowed(denied) is None and relay.needs_check(denied)
+        await nc.publish(denied, b'{"answered": "accounting"}')
+        await relay.check(denied)
+        await asyncio.wait_for(refused.wait(), 5)  # before the check's PONG, as a rule
+        assert relay.allowed(denied) is False and not relay.needs_check(denied)
+        assert relay.allowed(granted) is True
+    finally:
+        await nc.close()

@@ -138,9 +138,9 @@ class Extender:
         """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
         service's watch; without one no node has figures and nothing is predicted)."""
         self.fit_cache = FitCache()
-        self._placements = 0
         """Per-node fit outcomes by (node revision, snapshot, pod shape): unchanged nodes are
         not fitted again by the next filter (shared/core/nodes.py)."""
+        self._placements = 0
         self.events = EventRecorder(
             kube,
             supervisor if supervisor is not None else Supervisor("extender"),
@@ -265,10 +265,14 @@ class Extender:
         snapshots, stamps = self._snapshots(names, views, tracked)
         predictions = self.topology.predict(snapshots, pod, requests)
         plans = {name: p.plan for name, p in predictions.items()}
-        # A cached fit is only good for the same plan: the plan rides in the stamp.
-        stamped: dict[str, Hashable] = {
-            name: (stamp, plans[name]) if name in plans else stamp for name, stamp in stamps.items()
-        }
+        # A cached fit is only good for the same plan: the plan rides in the stamp (without
+        # NodeResourceTopology there is no plan, and the stamps are used as they are).
+        stamped: Mapping[str, Hashable] = stamps
+        if plans:
+            stamped = {
+                name: (stamp, plans[name]) if name in plans else stamp
+                for name, stamp in stamps.items()
+            }
         placement = place_pod(
             snapshots,
             requests,

@@ -588,7 +588,6 @@ class AccountingService:
             # The answer first: the caller's next step does not wait for the publishing and
             # bookkeeping below (the ledger already holds the change the reply reports).
             await request.respond(messages.encode(reply))
-            await asyncio.sleep(0)
         except NotAddressed:
             return  # a page of `_all` asked of another replica
         except Exception:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 import nats.micro
@@ -139,6 +139,19 @@ class _Attempt:
         return self.deadline.remaining() - self.reserve
 
 
+class _Answer(NamedTuple):
+    """What `_decide` concluded, for `_serve` to send and record."""
+
+    reply: RefitReply
+    mode: str
+    event_for: tuple[dict[str, str], Event] | None = None
+    logged: tuple[RefitRequest, RefitDecision] | None = None
+    settle: Callable[[], None] = lambda: None
+    """The bookkeeping to settle once the reply is sent (`_Attempt.settle`)."""
+    answered: bool = False
+    """Accounting answered the requester already (a landed move, where its answers reach)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RefitOptions:
     """What `numafit run refit` takes beyond the common flags."""
@@ -232,32 +245,30 @@ class RefitService:
         started = time.perf_counter()
         mode = "unknown"
         try:
-            reply, mode, event_for, logged, settle, answered = await self._decide(request)
+            answer = await self._decide(request)
+            reply, mode, settle = answer.reply, answer.mode, answer.settle
             reason = reply.failure_reason
             if reason is not None and len(reason) > MAX_REASON:
                 reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
             try:
-                if answered:
-                    # The requester has its answer (from accounting) and may ask about the pod
-                    # again at once: the read model takes the move in first.
-                    # Accounting's answer is known to reach it: the refit sends no copy.
-                    settle()
-                else:
+                if not answer.answered:
                     # Also after a landed move that accounting answered where the broker is
                     # not known to take its answers, or an older accounting did not answer
                     # (the requester takes the first; the two are the same bytes).
                     await request.respond(messages.encode(reply))
-                # nats-py writes the reply from its flusher task: let it run now, before the
-                # bookkeeping below, instead of after it.
-                await asyncio.sleep(0)
+                    # nats-py writes the reply from its flusher task: let it run now, before
+                    # the bookkeeping below, instead of after it.
+                    await asyncio.sleep(0)
             finally:
+                # The read model takes a landed move in before anything else (at once when
+                # accounting answered: the requester may already be asking about the pod again).
                 settle()
             # Logged, counted and recorded after the answer: kubelet's admission waits on it.
-            if logged is not None:
-                self._log(*logged)
+            if answer.logged is not None:
+                self._log(*answer.logged)
             self.metrics.requests.labels(reply.code, mode).inc()
-            if event_for is not None:
-                self._record_event(*event_for)
+            if answer.event_for is not None:
+                self._record_event(*answer.event_for)
         except Exception:
             log.exception("refit failed unexpectedly")
             self.metrics.requests.labels(Code.API_ERROR.value, mode).inc()
@@ -268,26 +279,16 @@ class RefitService:
             self.metrics.duration.observe(time.perf_counter() - started)
             self.metrics.nodes.set(len(self.read_model))
 
-    async def _decide(
-        self, request: Request
-    ) -> tuple[
-        RefitReply,
-        str,
-        tuple[dict[str, str], Event] | None,
-        tuple[RefitRequest, RefitDecision] | None,
-        Callable[[], None],
-        bool,
-    ]:
+    async def _decide(self, request: Request) -> _Answer:
         """The reply, the mode label, the Event to record, what to log once answered, the
         bookkeeping to settle once the reply is sent, and whether accounting answered the
-        requester already (a landed move)."""
+        requester already."""
         if len(request.data) > MAX_BODY:
-            too_large = _invalid(f"refit request larger than {MAX_BODY} bytes")
-            return too_large, "unknown", None, None, _nothing, False
+            return _Answer(_invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown")
         try:
             parsed = messages.decode(request.data, messages.RefitRequest).to_core()
         except MessageError as exc:
-            return _invalid(_cut(str(exc), 200)), "unknown", None, None, _nothing, False
+            return _Answer(_invalid(_cut(str(exc), 200)), "unknown")
         mode = parsed.mode.value
         screened = _screen(parsed, subjects.last_token(request.subject))
         if screened is not None:
@@ -297,7 +298,7 @@ class RefitService:
                 "refit request rejected",
                 extra={"code": screened.code.value, "reason": screened.failure_reason},
             )
-            return RefitReply.from_decision(screened), mode, None, None, _nothing, False
+            return _Answer(RefitReply.from_decision(screened), mode)
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
         attempt.answer_to = natsconn.reply_subject(request)
@@ -313,9 +314,14 @@ class RefitService:
         event_for = (
             (attempt.pod_ref, decision.event) if attempt.pod_ref and decision.event else None
         )
-        reply = RefitReply.from_decision(decision)
-        answered = attempt.answered and decision.code is Code.MOVED
-        return reply, mode, event_for, (parsed, decision), attempt.settle, answered
+        return _Answer(
+            RefitReply.from_decision(decision),
+            mode,
+            event_for,
+            (parsed, decision),
+            attempt.settle,
+            answered=attempt.answered and decision.code is Code.MOVED,
+        )
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
         request = attempt.request
@@ -590,10 +596,6 @@ def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
             event=False,
         )
     return None
-
-
-def _nothing() -> None:
-    """No bookkeeping to settle after the reply."""
 
 
 def _holds(entry: TrackedPod | None, request: RefitRequest, decision: RefitDecision) -> bool:

@@ -64,6 +64,27 @@ async def watch_events(response: Any, what: str) -> AsyncIterator[tuple[str, dic
         response.release()
 
 
+async def watch_list(
+    lister: Callable[..., Any],
+    resource_version: str,
+    timeout_seconds: int,
+    what: str,
+    *args: Any,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The events of one watch made with a generated client's list call (`lister(*args)`),
+    from `resource_version`, with bookmarks; `Gone` on 410."""
+    response = await lister(
+        *args,
+        watch=True,
+        resource_version=resource_version,
+        timeout_seconds=timeout_seconds,
+        allow_watch_bookmarks=True,
+        _preload_content=False,
+    )
+    async for event in watch_events(response, f"watch {what}"):
+        yield event
+
+
 async def _call(coro_factory: Callable[[], Any], what: str) -> Any:
     try:
         response = await coro_factory()
@@ -237,14 +258,7 @@ class Kube:
         lister = listers.get(kind)
         if lister is None:
             raise ValueError(f"cannot watch {kind!r}")
-        response = await lister(
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-        )
-        async for event in watch_events(response, f"watch {kind}"):
+        async for event in watch_list(lister, resource_version, timeout_seconds, kind):
             yield event
 
     async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio import client
 
 from shared.core import nrt
-from shared.service.kube_io import MERGE_PATCH, Conflict, NotFound, _call, watch_events
+from shared.service.kube_io import MERGE_PATCH, Conflict, NotFound, _call, watch_list
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -47,17 +47,9 @@ class TopologyApi:
         self, resource_version: str, timeout_seconds: int = 300
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Raw watch events (type, object) from `resource_version`; `Gone` on 410."""
-        response = await self.custom.list_cluster_custom_object(
-            nrt.GROUP,
-            nrt.VERSION,
-            nrt.PLURAL,
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-        )
-        async for event in watch_events(response, f"watch {WHAT}"):
+        lister = self.custom.list_cluster_custom_object
+        args = (nrt.GROUP, nrt.VERSION, nrt.PLURAL)
+        async for event in watch_list(lister, resource_version, timeout_seconds, WHAT, *args):
             yield event
 
     async def get(self, name: str) -> dict[str, Any]:

@@ -109,13 +109,6 @@ def _plain_pod(name: str) -> dict[str, Any]:
     }
 
 
-def _resource_version(body: Any) -> str:
-    """The resourceVersion in a raw (bytes) or decoded API answer."""
-    if isinstance(body, (bytes, bytearray)):
-        body = orjson.loads(body)
-    return str(body["metadata"]["resourceVersion"])
-
-
 def summarize(samples: list[float], elapsed: float) -> dict[str, float]:
     ordered = sorted(samples)
     return {
@@ -316,7 +309,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                                 versions[node],
                             )
                             samples.append(time.perf_counter() - start)
-                            versions[node] = _resource_version(body)
+                            versions[node] = body["metadata"]["resourceVersion"]
                             continue
                         if kind in ("echo", "echo_same_process"):
                             subject = echo_process if kind == "echo" else SAME_PROCESS_ECHO

@@ -94,6 +94,8 @@ class AccountingClient:
             raise AccountingUnavailable("NATS connection closed") from exc
         except nats.errors.OutboundBufferLimitError as exc:
             raise AccountingUnavailable("NATS reconnecting, outbound buffer full") from exc
+        except nats.errors.Error as exc:  # the socket broke under the request, and the like
+            raise AccountingUnavailable(f"NATS error: {subjects.shown(str(exc), 200)}") from exc
         return bytes(msg.data)
 
     async def every_node(
@@ -176,7 +178,7 @@ class AccountingClient:
         try:
             payload = messages.encode(request)
             asked_at = time.monotonic()
-            await self.nc.publish(subject, payload, reply=inbox)
+            await natsconn.publish(self.nc, subject, payload, reply=inbox)
             async with asyncio.timeout(budget):
                 while True:
                     await arrived.wait()
@@ -186,7 +188,7 @@ class AccountingClient:
                             # nats-server can say so just before it sees a new subscription.
                             nobody.clear()
                             await asyncio.sleep(0.005)
-                            await self.nc.publish(subject, payload, reply=inbox)
+                            await natsconn.publish(self.nc, subject, payload, reply=inbox)
                             continue
                         raise AccountingUnavailable(f"no accounting service answers {subject}")
                     refused = next((r for r in replies if not r.ok), None)
@@ -196,6 +198,10 @@ class AccountingClient:
                         )
                     if covered():
                         break
+        except nats.errors.Error as exc:  # disconnected, reconnecting, the socket broke
+            raise AccountingUnavailable(
+                f"snapshot not asked: {subjects.shown(str(exc), 200)}"
+            ) from exc
         except TimeoutError as exc:
             if not replies:
                 raise AccountingUnavailable(

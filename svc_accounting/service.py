@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import nats.errors
 import nats.micro
 
 from shared import messages, subjects
@@ -625,7 +626,12 @@ class AccountingService:
         elsewhere the refit sends its own copy too."""
         allowed = self.relay.allowed(subject)
         if allowed is not False:
-            await self.nc.publish(subject, body)
+            try:
+                await natsconn.publish(self.nc, subject, body)
+            except nats.errors.Error:
+                # The move has landed whatever became of its answer: the reply must still
+                # say so, and the refit sends the answer itself.
+                return reply
             if allowed is None and self.relay.needs_check(subject):
                 self.supervisor.spawn(self.relay.check(subject), "answer-relay-check")
         return msgspec.structs.replace(reply, answered=True) if allowed else reply

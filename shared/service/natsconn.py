@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("numafit.nats")
 
+
+class ConnectionLost(nats.errors.Error):
+    """The socket broke under a publish or request (nats-py 2.16 lets the `OSError` of an
+    inline flush escape while it has not yet noticed the loss). nats-py reconnects on its own;
+    the caller sees a NATS error like any other transport failure, so its handling of
+    `nats.errors.Error` covers it."""
+
+    def __str__(self) -> str:
+        return "nats: connection lost while sending"
+
+
 ReconnectHook = Callable[[], Awaitable[None]]
 ErrorHook = Callable[[str], None]
 """Told the text of every asynchronous error the server reports (a permissions violation)."""
@@ -229,7 +240,8 @@ async def request(
     subscriber on another connection flushed its subscription (a few percent of such requests
     under load), and a replica restarting leaves the same short gap. A short, bounded retry
     rides over both; a subject nobody serves still fails fast (after `grace`), so a fallback
-    is not delayed by the whole budget.
+    is not delayed by the whole budget. A socket that breaks under the request is
+    `ConnectionLost`, a NATS error like the others.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + budget
@@ -238,11 +250,21 @@ async def request(
     while True:
         try:
             return await nc.request(subject, data, timeout=max(deadline - loop.time(), 0.001))
+        except OSError as exc:
+            raise ConnectionLost from exc
         except nats.errors.NoRespondersError:
             if loop.time() + delay >= retry_until:
                 raise
             await asyncio.sleep(delay)
             delay *= 2
+
+
+async def publish(nc: Client, subject: str, data: bytes, *, reply: str = "") -> None:
+    """`nc.publish`, its broken socket a `ConnectionLost` (a NATS error) like `request`'s."""
+    try:
+        await nc.publish(subject, data, reply=reply)
+    except OSError as exc:
+        raise ConnectionLost from exc
 
 
 async def stop_service(nc: Client, service: Service | None) -> None:

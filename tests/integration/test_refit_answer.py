@@ -229,3 +229,31 @@ async def test_a_request_waits_for_the_pods_move_in_flight(
         }
         annotations = (await h.pod("ml", "infer"))["metadata"]["annotations"]
         assert annotations[keys.ALLOCATED] == "GPU-a,NVIDIA,10000,10:;"
+
+
+async def test_a_landed_move_whose_answer_cannot_be_sent_still_says_it_landed(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket breaking under accounting's answer must not turn a landed move into an
+    internal error: the reply says the move landed, not `answered`, so the refit answers."""
+    async with harness(nats_url, tmp_path, one_pod_objects(), with_refit=False) as h:
+        created = await h.pod("ml", "infer")
+        inbox = await Inbox(h).open()
+        assert h.accounting is not None
+        nc = h.accounting.nc
+        real_publish = nc.publish
+
+        async def breaks_on_answers(subject: str, *args: Any, **kwargs: Any) -> None:
+            if subject.startswith(inbox.prefix):
+                raise ConnectionResetError("Connection lost")
+            await real_publish(subject, *args, **kwargs)
+
+        monkeypatch.setattr(nc, "publish", breaks_on_answers)
+        revision = (await h.client.snapshot("node-1"))["nodes"][0]["revision"]
+        move = _move(created, revision, answerTo=f"{inbox.prefix}.0", answer={"n": 0})
+        reply = await h.client.call("move", "node-1", move)
+        assert reply["ok"] is True and reply["revision"] > revision, reply
+        assert "answered" not in reply
+        annotations = (await h.pod("ml", "infer"))["metadata"]["annotations"]
+        assert annotations[keys.ALLOCATED] == "GPU-b,NVIDIA,10000,10:;"
+        assert inbox.answers == []

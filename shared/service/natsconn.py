@@ -250,6 +250,8 @@ async def request(
     while True:
         try:
             return await nc.request(subject, data, timeout=max(deadline - loop.time(), 0.001))
+        except TimeoutError:  # nats' timeout is one, and an OSError too
+            raise
         except OSError as exc:
             raise ConnectionLost from exc
         except nats.errors.NoRespondersError:
@@ -263,6 +265,8 @@ async def publish(nc: Client, subject: str, data: bytes, *, reply: str = "") -> 
     """`nc.publish`, its broken socket a `ConnectionLost` (a NATS error) like `request`'s."""
     try:
         await nc.publish(subject, data, reply=reply)
+    except TimeoutError:
+        raise
     except OSError as exc:
         raise ConnectionLost from exc
 

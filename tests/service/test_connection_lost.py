@@ -62,3 +62,21 @@ async def test_the_accounting_client_says_unavailable_when_the_socket_breaks(
     # The paged snapshot of every node publishes its request itself.
     with pytest.raises(AccountingUnavailable, match="connection lost"):
         await client.every_node(budget=1.0)
+
+
+async def test_a_request_nobody_answers_in_time_is_still_a_timeout(nats_url: str) -> None:
+    """`TimeoutError` is an `OSError` too: it must stay a timeout, not become a lost socket."""
+    requester = await natsconn.connect(nats_url, "requester")
+    responder = await natsconn.connect(nats_url, "responder")
+
+    async def silent(msg: Any) -> None:
+        return None
+
+    try:
+        await responder.subscribe("lost.test.silent", cb=silent)
+        await responder.flush()
+        with pytest.raises(nats.errors.TimeoutError):
+            await natsconn.request(requester, "lost.test.silent", b"", 0.05)
+    finally:
+        await requester.close()
+        await responder.close()

@@ -13,7 +13,10 @@ makes the server close the whole connection. So an invalid name is refused here,
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeGuard
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 REFIT_PREFIX: Final = "numafit.refit.v1"
 REFIT_WILDCARD: Final = f"{REFIT_PREFIX}.*"
@@ -59,12 +62,38 @@ def shown(text: str, limit: int = _SHOWN) -> str:
     return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def valid_name(name: object) -> bool:
+def valid_name(name: object) -> TypeGuard[str]:
     return (
         isinstance(name, str)
         and 0 < len(name) <= MAX_NAME_LENGTH
         and _SUBDOMAIN.fullmatch(name) is not None
     )
+
+
+_KNOWN_VALID: set[str] = set()
+"""Names already found valid: a filter names every node of the cluster each time, and one set
+lookup is much cheaper than a regular expression per name."""
+KNOWN_VALID_LIMIT: Final = 65536
+"""Names remembered at most (then forgotten at once and learnt again): made-up names in
+requests cannot grow it without bound."""
+
+
+def all_valid_names(names: Iterable[object]) -> bool:
+    """Is every one of `names` a valid name (`valid_name`)? Remembers the valid ones."""
+    known = _KNOWN_VALID
+    names = names if isinstance(names, (list, tuple)) else list(names)  # read twice
+    try:
+        if known.issuperset(names):
+            return True
+    except TypeError:  # something unhashable: not a name
+        return False
+    for name in names:
+        if not valid_name(name):
+            return False
+        if len(known) >= KNOWN_VALID_LIMIT:
+            known.clear()
+        known.add(name)
+    return True
 
 
 def check_name(name: object, what: str = "node name") -> str:

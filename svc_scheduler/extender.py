@@ -323,20 +323,19 @@ class Extender:
         """The snapshot each candidate is fitted on, and the stamp (epoch, revision) its fit
         may be cached under: none for the node holding the pod's own earlier reservation (its
         snapshot is a copy without that reservation)."""
-        snapshots: dict[str, NodeSnapshot | None] = {}
-        stamps: dict[str, tuple[str | None, int]] = {}
+        # Comprehensions: this runs over every node of the cluster on every filter.
+        present = [(name, view) for name in names if (view := views.get(name)) is not None]
+        snapshots: dict[str, NodeSnapshot | None] = dict.fromkeys(names)
+        snapshots.update((name, view.snapshot) for name, view in present)
+        stamps: dict[str, tuple[str | None, int]] = {
+            name: (view.epoch, view.revision) for name, view in present
+        }
         own = tracked.node if tracked is not None else None
-        for name in names:
-            view = views.get(name)
-            if view is None:
-                snapshots[name] = None
-                continue
-            snapshot = view.snapshot
-            if name == own and snapshot is not None and tracked is not None:
-                snapshots[name] = without_pod(snapshot, tracked.usage)
-                continue
-            snapshots[name] = snapshot
-            stamps[name] = (view.epoch, view.revision)
+        if tracked is not None and own is not None:
+            snapshot = snapshots.get(own)
+            if snapshot is not None:
+                snapshots[own] = without_pod(snapshot, tracked.usage)
+                del stamps[own]
         return snapshots, stamps
 
     async def _state(
@@ -551,5 +550,7 @@ def locked_nodes(views: Mapping[str, NodeView | None], uid: str, now: float) -> 
 
 def check_node_names(names: tuple[str, ...]) -> None:
     """Every candidate must be a Kubernetes node name before any becomes a subject token."""
-    for i, name in enumerate(names):
+    if subjects.all_valid_names(names):
+        return
+    for i, name in enumerate(names):  # the first invalid one, for the error
         subjects.check_name(name, f"NodeNames[{i}]")

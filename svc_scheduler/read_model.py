@@ -198,14 +198,18 @@ class ReadModel:
         """Current views of `names`, refreshing the stale and unknown ones first. A node
         accounting does not know comes back as None."""
         asked = list(dict.fromkeys(names))
-        wanted = [n for n in asked if subjects.valid_name(n)]
+        if subjects.all_valid_names(asked):
+            wanted = asked
+        else:
+            wanted = [n for n in asked if subjects.valid_name(n)]
         fresh = self.freshness
-        if fresh.needs_full or len(fresh.to_fetch(wanted)) > FULL_REFRESH_THRESHOLD:
-            await self.refresh_all(budget)
         stale = fresh.to_fetch(wanted)
+        if fresh.needs_full or len(stale) > FULL_REFRESH_THRESHOLD:
+            await self.refresh_all(budget)
+            stale = fresh.to_fetch(wanted)
         if stale:
             await asyncio.gather(*(self._refresh_shared(n, budget) for n in stale))
-        return {n: fresh.view(n) for n in asked}
+        return fresh.views_of(asked)
 
     async def refresh_all(self, budget: float) -> None:
         """One `_all` snapshot; concurrent callers share it."""

@@ -66,9 +66,10 @@ def node_score(node: NodeSnapshot) -> float:
 
 def rank_nodes(scores: Mapping[str, float], policy: NodePolicy) -> list[str]:
     """Node names, most preferred first (binpack: highest score; spread: lowest)."""
+    # Sorting (score, name) pairs compares in C; a key function is a Python call per node.
     if policy is NodePolicy.SPREAD:
-        return sorted(scores, key=lambda name: (scores[name], name))
-    return sorted(scores, key=lambda name: (-scores[name], name))
+        return [name for _, name in sorted([(score, name) for name, score in scores.items()])]
+    return [name for _, name in sorted([(-score, name) for name, score in scores.items()])]
 
 
 def extender_priority(score: float, policy: NodePolicy) -> int:
@@ -264,32 +265,37 @@ def place_pod(
     entries = None
     if cache is not None and stamps is not None and quota is None:
         entries = cache.entries(cache.shape(requests, kinds, options))
+    # This loop runs over every node of the cluster on every filter: names looked up once.
+    stamp_of = stamps.get if entries is not None and stamps is not None else None
+    entry_of = entries.get if entries is not None else None
+    locked = locked or {}
+    hits = misses = 0
     for name, snapshot in nodes.items():
         outcome = None
         stamp = None
-        if entries is not None:
-            stamp = stamps.get(name) if stamps is not None else None
+        if stamp_of is not None and entry_of is not None:
+            stamp = stamp_of(name)
             if stamp is not None:
-                entry = entries.get(name)
+                entry = entry_of(name)
                 if entry is not None and entry[1] is snapshot and entry[0] == stamp:
                     outcome = entry[2]
+                    hits += 1
         if outcome is None:
             plan = numa.get(name) if numa is not None else None
             outcome = fit_node(snapshot, requests, kinds, options, quota, plan)
             if entries is not None and stamp is not None:
                 entries[name] = (stamp, snapshot, outcome)
-                assert cache is not None
-                cache.misses += 1
-        elif cache is not None:
-            cache.hits += 1
+                misses += 1
         if outcome.reason is not None:
             refused[name] = outcome.reason
-            continue
-        if locked is not None and name in locked:
+        elif name in locked:
             refused[name] = locked[name]
-            continue
-        rows[name] = outcome.rows
-        scores[name] = outcome.score
+        else:
+            rows[name] = outcome.rows
+            scores[name] = outcome.score
+    if cache is not None:
+        cache.hits += hits
+        cache.misses += misses
     ranked = rank_nodes(scores, policy)
     ordered = {name: scores[name] for name in ranked}
     if not ranked:

@@ -4,12 +4,16 @@ unchanged usage such as a cordon); snapshots never roll a node back; quota is tr
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shared.core.model import DeviceInfo, DeviceUsage, NodeSnapshot
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import UsageEntry, UsageUpdate
 from svc_scheduler.freshness import QUOTA_TTL, Freshness, NodeView
 
 GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
+NAMES = ["node-1", "node-2", "node-3", "node-4"]
 
 
 def view(revision: int, node: str = "node-1", used: int = 0) -> NodeView:
@@ -235,3 +239,38 @@ def test_locked_nodes_leave_out_the_holder_and_expired_locks() -> None:
     now = 1000 + NODE_LOCK_EXPIRY_SECONDS - 1
     assert locked_nodes(views, "uid-b", now) == {"held": "node is still allocating pod ml/a"}
     assert locked_nodes(views, "uid-a", now) == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    known=st.dictionaries(st.sampled_from(NAMES), st.integers(1, 6), max_size=len(NAMES)),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["expect", "invalidate", "drop", "snapshot"]),
+            st.sampled_from(NAMES),
+            st.integers(1, 8),
+        ),
+        max_size=12,
+    ),
+    asked=st.lists(st.sampled_from(NAMES), max_size=12),
+)
+def test_to_fetch_is_every_asked_node_that_needs_a_fetch_once_in_order(
+    known: dict[str, int], steps: list[tuple[str, str, int]], asked: list[str]
+) -> None:
+    """The filter's quick way through (only nodes with a commit not yet seen, when nothing is
+    stale) gives what asking `needs_fetch` of every name gives."""
+    state = Freshness()
+    state.apply_snapshot("e1", [view(r, node=n) for n, r in known.items()], full=True)
+    for step, name, revision in steps:
+        if step == "expect":
+            state.expect(name, revision)
+        elif step == "invalidate":
+            state.invalidate(name)
+        elif step == "drop":
+            state.drop(name)
+        else:
+            state.apply_snapshot("e1", [view(revision, node=name)], full=False)
+    expected = [n for n in dict.fromkeys(asked) if state.needs_fetch(n)]
+    assert state.to_fetch(asked) == expected
+    assert state.to_fetch(iter(asked)) == expected  # an iterator is read once
+    assert state.views_of(asked) == {n: state.view(n) for n in asked}

@@ -246,11 +246,11 @@ class RefitService:
         mode = "unknown"
         try:
             answer = await self._decide(request)
-            reply, mode, settle = answer.reply, answer.mode, answer.settle
-            reason = reply.failure_reason
-            if reason is not None and len(reason) > MAX_REASON:
-                reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
+            reply, mode = answer.reply, answer.mode
             try:
+                reason = reply.failure_reason
+                if reason is not None and len(reason) > MAX_REASON:
+                    reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
                 if not answer.answered:
                     # Also after a landed move that accounting answered where the broker is
                     # not known to take its answers, or an older accounting did not answer
@@ -261,8 +261,9 @@ class RefitService:
                     await asyncio.sleep(0)
             finally:
                 # The read model takes a landed move in before anything else (at once when
-                # accounting answered: the requester may already be asking about the pod again).
-                settle()
+                # accounting answered: the requester may already be asking about the pod again),
+                # whatever happened since the decision: a claim left behind would hold the pod.
+                answer.settle()
             # Logged, counted and recorded after the answer: kubelet's admission waits on it.
             if answer.logged is not None:
                 self._log(*answer.logged)

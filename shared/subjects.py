@@ -96,6 +96,15 @@ def all_valid_names(names: Iterable[object]) -> bool:
     return True
 
 
+def valid_names(names: Iterable[str]) -> list[str]:
+    """Those of `names` that are valid names, in order (all of them, at once, in the usual
+    case that every one is)."""
+    names = names if isinstance(names, (list, tuple)) else list(names)
+    if all_valid_names(names):
+        return list(names)
+    return [name for name in names if valid_name(name)]
+
+
 def check_name(name: object, what: str = "node name") -> str:
     """`name` when it is a DNS-1123 subdomain of at most 253 characters, else `InvalidName`."""
     if not isinstance(name, str):

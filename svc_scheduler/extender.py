@@ -411,11 +411,7 @@ class Extender:
         elsewhere (only there are its GPUs reserved); otherwise each node is scored by the
         node policy after placing the pod on it (0 where it does not fit)."""
         scores = dict.fromkeys(args.names, 0)
-        names = (  # others can only score 0
-            list(args.names)
-            if subjects.all_valid_names(args.names)
-            else [n for n in args.names if subjects.valid_name(n)]
-        )
+        names = subjects.valid_names(args.names)  # others can only score 0
         try:
             pod = pod_from_object(args.pod)
             requests = pod_requests(pod, self.config)

@@ -42,7 +42,7 @@ from shared import subjects
 from shared.messages import UsageUpdate, apply_usage
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from shared.core.lock import Lock
     from shared.core.model import NodeSnapshot
@@ -110,40 +110,19 @@ class Freshness:
         return node in self._stale
 
     def to_fetch(self, names: Iterable[str]) -> list[str]:
-        """Those of `names` (once each) that need a fetch (`needs_fetch`, inlined: a filter
-        asks this of every node of the cluster)."""
-        if not isinstance(names, (list, tuple, set, frozenset, dict)):
-            names = list(names)  # read twice below
-        views, stale, expected = self._views, self._stale, self._expected
-        if not stale:
-            # The usual case: only a node with a commit not yet seen can need a fetch, and
-            # those are few; look at them instead of at every name.
-            if not expected:
-                return []
-            asked = names if isinstance(names, (set, frozenset, dict)) else set(names)
-            found = {
-                name
-                for name, revision in expected.items()
-                if name in asked
-                and (view := views.get(name)) is not None
-                and view.revision < revision
-            }
-            if len(found) <= 1:
-                return list(found)
-            return [name for name in dict.fromkeys(names) if name in found]
-        wanted: list[str] = []
-        for name in dict.fromkeys(names):
-            view = views.get(name)
-            if view is None:
-                if name in stale:
-                    wanted.append(name)
-            elif name in stale or (expected and view.revision < expected.get(name, 0)):
-                wanted.append(name)
-        return wanted
+        """Those of `names` (once each, in order) that need a fetch."""
+        asked = dict.fromkeys(names)
+        if self._stale:
+            return [name for name in asked if self.needs_fetch(name)]
+        # Nothing stale (the usual case): only a node with a commit not yet seen can need a
+        # fetch, and those are few; ask about them, not about every node of the cluster.
+        found = {name for name in self._expected if name in asked and self.needs_fetch(name)}
+        if len(found) <= 1:
+            return list(found)
+        return [name for name in asked if name in found]
 
-    def views_of(self, names: Iterable[str]) -> dict[str, NodeView | None]:
+    def views_of(self, names: Sequence[str]) -> dict[str, NodeView | None]:
         """The view of each of `names` (None where there is none)."""
-        names = names if isinstance(names, (list, tuple)) else list(names)
         return dict(zip(names, map(self._views.get, names), strict=True))
 
     # --- what changes it --------------------------------------------------------------------

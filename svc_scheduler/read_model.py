@@ -198,10 +198,7 @@ class ReadModel:
         """Current views of `names`, refreshing the stale and unknown ones first. A node
         accounting does not know comes back as None."""
         asked = list(dict.fromkeys(names))
-        if subjects.all_valid_names(asked):
-            wanted = asked
-        else:
-            wanted = [n for n in asked if subjects.valid_name(n)]
+        wanted = subjects.valid_names(asked)
         fresh = self.freshness
         stale = fresh.to_fetch(wanted)
         if fresh.needs_full or len(stale) > FULL_REFRESH_THRESHOLD:

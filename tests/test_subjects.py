@@ -46,3 +46,11 @@ def test_a_list_holding_something_unhashable_is_invalid() -> None:
 def test_an_iterator_of_names_is_read_once_and_judged_whole() -> None:
     assert subjects.all_valid_names(iter(["node-1", "node-2"]))
     assert not subjects.all_valid_names(iter(["node-3", "bad name"]))
+
+
+def test_valid_names_keeps_the_valid_ones_in_order() -> None:
+    assert subjects.valid_names(["node-2", "node-1"]) == ["node-2", "node-1"]
+    assert subjects.valid_names(iter(["node-1", "bad name", "node-3", "*"])) == [
+        "node-1",
+        "node-3",
+    ]

@@ -142,7 +142,6 @@ class ControlPlane(NamedTuple):
     nc: Client
     scheduler_url: str
     """The scheduler extender's URL ("" when no scheduler runs)."""
-    kubeconfig: str
 
 
 @contextlib.asynccontextmanager
@@ -189,7 +188,7 @@ async def _control_plane(
                     await started[-1].wait_ready()
                 url = f"http://127.0.0.1:{listen}" if scheduler else ""
                 nc = await wiring.nats("bench-client")
-                yield ControlPlane(server.url, admin, nc, url, str(kubeconfig))
+                yield ControlPlane(server.url, admin, nc, url)
             finally:
                 for service in reversed(started):
                     await service.stop()
@@ -264,9 +263,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
         async def echo(msg: Any) -> None:
             await msg.respond(msg.data)
 
-        responder = await natsconn.connect(
-            nc.connected_url.geturl() if nc.connected_url else "", "echo"
-        )
+        responder = await natsconn.connect(plane.nats_url, "echo")
         try:
             await responder.subscribe(SAME_PROCESS_ECHO, cb=echo)
             await responder.flush()

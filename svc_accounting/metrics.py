@@ -132,6 +132,12 @@ class AccountingMetrics:
             "Requests refused because no replica served the node's partition (a takeover).",
             registry=self.registry,
         )
+        self.replies_lost = Counter(
+            "numafit_accounting_replies_lost",
+            "Replies accounting could not send (the connection broke under them); what the "
+            "operation did stands, and its change is published as usual.",
+            registry=self.registry,
+        )
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
         self._children: dict[str, _NodeSeries] = {}

@@ -586,9 +586,7 @@ class AccountingService:
             reply = outcome.reply
             if outcome.answer is not None:
                 reply = await self._relay(reply, *outcome.answer)
-            # The answer first: the caller's next step does not wait for the publishing and
-            # bookkeeping below (the ledger already holds the change the reply reports).
-            await request.respond(messages.encode(reply))
+            data = messages.encode(reply)
         except NotAddressed:
             return  # a page of `_all` asked of another replica
         except Exception:
@@ -600,6 +598,18 @@ class AccountingService:
                 )
                 await request.respond(messages.encode(internal))
             return
+        try:
+            # The answer first: the caller's next step does not wait for the publishing and
+            # bookkeeping below (the ledger already holds the change the reply reports).
+            await natsconn.respond(request, data)
+        except nats.errors.Error as exc:
+            # Only the reply is lost (the caller's wait runs out): what the operation did
+            # stands, so it is counted as what it was and its change is still published.
+            self.metrics.replies_lost.inc()
+            log.warning(
+                "accounting reply could not be sent",
+                extra={"op": op, "code": reply.code, "error": bounded(repr(exc))},
+            )
         self.metrics.result(op, outcome.code)
         if not reply.ok:
             log.info(

@@ -70,6 +70,12 @@ class RefitMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.replies_lost = Counter(
+            "numafit_refit_replies_lost",
+            "Refit replies that could not be sent (the connection broke under them); the "
+            "device plugin's wait runs out and it falls back as for any lost answer.",
+            registry=self.registry,
+        )
         self.nodes = Gauge(
             "numafit_refit_read_model_nodes",
             "Nodes svc_refit's read model currently holds.",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
+import nats.errors
 import nats.micro
 
 from shared import codes, messages, subjects
@@ -255,10 +256,7 @@ class RefitService:
                     # Also after a landed move that accounting answered where the broker is
                     # not known to take its answers, or an older accounting did not answer
                     # (the requester takes the first; the two are the same bytes).
-                    await request.respond(messages.encode(reply))
-                    # nats-py writes the reply from its flusher task: let it run now, before
-                    # the bookkeeping below, instead of after it.
-                    await asyncio.sleep(0)
+                    await self._respond(request, reply)
             finally:
                 # The read model takes a landed move in before anything else (at once when
                 # accounting answered: the requester may already be asking about the pod again),
@@ -279,6 +277,22 @@ class RefitService:
         finally:
             self.metrics.duration.observe(time.perf_counter() - started)
             self.metrics.nodes.set(len(self.read_model))
+
+    async def _respond(self, request: Request, reply: RefitReply) -> None:
+        """Send the reply; a connection that breaks under it loses only the reply (the
+        decision stands and is logged and counted as what it was)."""
+        try:
+            await natsconn.respond(request, messages.encode(reply))
+        except nats.errors.Error as exc:
+            self.metrics.replies_lost.inc()
+            log.warning(
+                "refit reply could not be sent",
+                extra={"code": reply.code, "error": _cut(repr(exc), 200)},
+            )
+            return
+        # nats-py writes the reply from its flusher task: let it run now, before the
+        # bookkeeping that follows, instead of after it.
+        await asyncio.sleep(0)
 
     async def _decide(self, request: Request) -> _Answer:
         """The reply, the mode label, the Event to record, what to log once answered, the

@@ -271,6 +271,16 @@ async def publish(nc: Client, subject: str, data: bytes, *, reply: str = "") -> 
         raise ConnectionLost from exc
 
 
+async def respond(request: Request, data: bytes) -> None:
+    """`nats.micro`'s `respond`, its broken socket a `ConnectionLost` like `publish`'s."""
+    try:
+        await request.respond(data)
+    except TimeoutError:
+        raise
+    except OSError as exc:
+        raise ConnectionLost from exc
+
+
 async def stop_service(nc: Client, service: Service | None) -> None:
     """Stop a `nats.micro` service; on a connection already closed (the reason the service is
     stopping) there is nothing to unsubscribe, and in-flight requests must still finish."""

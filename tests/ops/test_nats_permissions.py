@@ -246,7 +246,7 @@ async def test_every_accounting_replica_receives_every_request(cluster: NatsClus
         def replica(name: str, answers: bool) -> Any:
             async def handle(msg: Any) -> None:
                 seen[name].put_nowait(msg.subject)
-                if answers:
+                if answers and msg.reply:
                     await msg.respond(name.encode())
 
             return handle
@@ -257,6 +257,20 @@ async def test_every_accounting_replica_receives_every_request(cluster: NatsClus
         await two.nc.flush()
 
         subject = subjects.accounting("pending", "node-1")
+        # A flush settles a subscription on its own server only; it reaches node-1's server
+        # over the routes a moment later. Probe (no reply asked) until both replicas hear it.
+        heard: set[str] = set()
+        async with asyncio.timeout(5):
+            while len(heard) < len(seen):
+                await node.nc.publish(subject, b"{}")
+                for name, queue in seen.items():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.05):
+                            await queue.get()
+                            heard.add(name)
+        for queue in seen.values():  # a late probe is the same subject: harmless, but gone
+            while not queue.empty():
+                queue.get_nowait()
         reply = await natsconn.request(node.nc, subject, b"{}", 5)
         assert reply.data == b"two"
         async with asyncio.timeout(5):

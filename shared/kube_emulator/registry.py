@@ -507,6 +507,8 @@ def matches(
     kind: ResourceKind, stored: JSONDict, labels: LabelSelector, fields: FieldSelector
 ) -> bool:
     """Whether a stored object is selected by both selectors."""
+    if not labels.requirements and not fields.requirements:
+        return True  # empty selectors select everything (most watches: nothing to compute)
     object_labels = child(metadata(stored), "labels")
     return labels.matches(object_labels) and fields.matches(kind.field_values(stored))
 

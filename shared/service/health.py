@@ -30,6 +30,7 @@ class Readiness:
         self.draining = False
         self.failure: str | None = None
         self._failed: asyncio.Event | None = None
+        self._complete: asyncio.Event | None = None
 
     def fail(self, reason: str) -> None:
         """The service cannot do its job any more: not ready from now on, and the run loop
@@ -49,8 +50,19 @@ class Readiness:
                 self._failed.set()
         return self._failed
 
+    @property
+    def complete(self) -> asyncio.Event:
+        """Set once every condition has held (at least once; created lazily like `failed`)."""
+        if self._complete is None:
+            self._complete = asyncio.Event()
+            if all(self._state.values()):
+                self._complete.set()
+        return self._complete
+
     def set(self, condition: str, value: bool = True) -> None:
         self._state[condition] = value
+        if value and self._complete is not None and all(self._state.values()):
+            self._complete.set()
 
     @property
     def ready(self) -> bool:

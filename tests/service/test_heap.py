@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 def frozen(obj: object) -> bool:
+    """True when the cyclic GC no longer looks at `obj` (moved out by `gc.freeze`)."""
     return gc.is_tracked(obj) and not any(o is obj for o in gc.get_objects())
 
 

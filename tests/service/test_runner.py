@@ -21,6 +21,7 @@ from shared.service.runner import ServiceFailed, serve
 from shared.service.settings import CommonSettings
 from shared.service.supervisor import Supervisor
 from tests.integration.processes import free_port
+from tests.service.test_heap import frozen
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -202,11 +203,6 @@ class LateLoader(Probe):
         await self.go.wait()
         self.loaded = [[n] for n in range(1000)]  # containers the cyclic GC tracks
         self.readiness.set("loaded")
-
-
-def frozen(obj: object) -> bool:
-    """True when the cyclic GC no longer looks at `obj` (moved out by `gc.freeze`)."""
-    return gc.is_tracked(obj) and not any(o is obj for o in gc.get_objects())
 
 
 async def test_the_heap_is_settled_once_the_service_is_ready_not_at_start(nats_url: str) -> None:

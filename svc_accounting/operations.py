@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
     from shared.service.kube_io import Kube
+    from svc_accounting.unbound import UnboundPods
 
 log = logging.getLogger("numafit.accounting")
 
@@ -218,9 +219,12 @@ class Operations:
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         on_drift: Callable[[str, PodInfo, str], None] | None = None,
+        unbound: UnboundPods | None = None,
     ) -> None:
         self.ledger = ledger
         self.kube = kube
+        self.unbound = unbound
+        """Unbound GPU pods as the pod watch shows them: a reserve reads its pod there."""
         self.write_timeout = write_timeout
         self.reservation_ttl = reservation_ttl
         """Seconds a held reservation waits for its bind before it is released."""
@@ -491,22 +495,9 @@ class Operations:
                 raise Refused(
                     Code.INVALID_REQUEST, f"{label} {shown(text)} is not a Kubernetes name"
                 )
-        budget = self._budget()
-        try:
-            async with asyncio.timeout(budget):
-                pod = pod_from_object(await self.kube.get_pod(namespace, pod_name))
-        except TimeoutError as exc:
-            raise Refused(Code.DEADLINE_EXCEEDED, f"reading pod {namespace}/{pod_name}") from exc
-        except kube_io.NotFound as exc:
-            raise Refused(
-                Code.POD_NOT_TRACKED, f"pod {namespace}/{pod_name} does not exist"
-            ) from exc
-        except kube_io.KubeError as exc:
-            raise Refused(Code.API_ERROR, str(exc)) from exc
-        except CoreError as exc:
-            raise Refused(
-                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
-            ) from exc
+        pod = self._watched_unbound(uid, namespace, pod_name) or await self._read_pod(
+            namespace, pod_name
+        )
         if pod.uid != uid:
             raise Refused(Code.POD_MISMATCH, f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
         if pod.terminal:
@@ -547,6 +538,32 @@ class Operations:
         changed = self.ledger.hold(pod, name, value, int(now), expires)
         reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
         return Outcome(reply, changed | {name})
+
+    def _watched_unbound(self, uid: str, namespace: str, name: str) -> PodInfo | None:
+        """The pod as the watch last showed it, unbound, when accounting knows no newer
+        version (its own writes, a held reservation's pod); None: read it from the API."""
+        if self.unbound is None:
+            return None
+        tracked = self.ledger.tracked(uid)
+        hold = self.ledger.held.get(uid)
+        known = [p.pod.resource_version for p in (tracked, hold) if p is not None]
+        return self.unbound.get(uid, namespace, name, known=known)
+
+    async def _read_pod(self, namespace: str, name: str) -> PodInfo:
+        budget = self._budget()
+        try:
+            async with asyncio.timeout(budget):
+                return pod_from_object(await self.kube.get_pod(namespace, name))
+        except TimeoutError as exc:
+            raise Refused(Code.DEADLINE_EXCEEDED, f"reading pod {namespace}/{name}") from exc
+        except kube_io.NotFound as exc:
+            raise Refused(Code.POD_NOT_TRACKED, f"pod {namespace}/{name} does not exist") from exc
+        except kube_io.KubeError as exc:
+            raise Refused(Code.API_ERROR, str(exc)) from exc
+        except CoreError as exc:
+            raise Refused(
+                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
+            ) from exc
 
     async def bind_phase(self, name: str, r: BindPhaseRequest) -> Outcome:
         node = self._known(name)

@@ -59,6 +59,7 @@ from svc_accounting.operations import (
 )
 from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
 from svc_accounting.relay import AnswerRelay
+from svc_accounting.unbound import UnboundPods
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -174,12 +175,14 @@ class AccountingService:
         )
         self.ledger = Ledger()
         self.relay = AnswerRelay(nc)
+        self.unbound = UnboundPods(self.config)
         self.ops = Operations(
             self.ledger,
             kube,
             write_timeout=write_timeout,
             reservation_ttl=reservation_ttl,
             on_drift=self._record_drift,
+            unbound=self.unbound,
         )
         self.quota_resync_seconds = quota_resync_seconds
         """ResourceQuotas are watched; the quota watch is renewed at least this often."""
@@ -377,7 +380,11 @@ class AccountingService:
         except CoreError as exc:
             log.warning("pod ignored", extra={"error": bounded(str(exc))})
             return set()
-        return self.ledger.forget(pod.uid) if deleted else self.ledger.observe(pod)
+        if deleted:
+            self.unbound.forget(pod.uid)
+            return self.ledger.forget(pod.uid)
+        self.unbound.observe(pod)
+        return self.ledger.observe(pod)
 
     def _already_applied(self, obj: dict[str, Any]) -> bool:
         meta = obj.get("metadata")
@@ -476,6 +483,7 @@ class AccountingService:
                 seen.add((obj.get("metadata") or {}).get("uid"))
             for uid in [u for u in self.ledger.pod_node if u not in seen]:
                 changed |= self.ledger.forget(uid)
+            self.unbound.retain(u for u in seen if isinstance(u, str))
             await self._publish_changed(changed)
         else:
             quotas, rv = await self.kube.list_resource_quotas_versioned()

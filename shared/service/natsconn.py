@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -249,11 +249,8 @@ async def request(
     delay = 0.005
     while True:
         try:
-            return await nc.request(subject, data, timeout=max(deadline - loop.time(), 0.001))
-        except TimeoutError:  # nats' timeout is one, and an OSError too
-            raise
-        except OSError as exc:
-            raise ConnectionLost from exc
+            with _sending():
+                return await nc.request(subject, data, timeout=max(deadline - loop.time(), 0.001))
         except nats.errors.NoRespondersError:
             if loop.time() + delay >= retry_until:
                 raise
@@ -261,24 +258,28 @@ async def request(
             delay *= 2
 
 
-async def publish(nc: Client, subject: str, data: bytes, *, reply: str = "") -> None:
-    """`nc.publish`, its broken socket a `ConnectionLost` (a NATS error) like `request`'s."""
+@contextlib.contextmanager
+def _sending() -> Iterator[None]:
+    """A socket that breaks under what is sent here is `ConnectionLost`; a timeout stays one
+    (`TimeoutError`, nats' included, is an `OSError` too)."""
     try:
-        await nc.publish(subject, data, reply=reply)
+        yield
     except TimeoutError:
         raise
     except OSError as exc:
         raise ConnectionLost from exc
+
+
+async def publish(nc: Client, subject: str, data: bytes, *, reply: str = "") -> None:
+    """`nc.publish`, its broken socket a `ConnectionLost` (a NATS error) like `request`'s."""
+    with _sending():
+        await nc.publish(subject, data, reply=reply)
 
 
 async def respond(request: Request, data: bytes) -> None:
     """`nats.micro`'s `respond`, its broken socket a `ConnectionLost` like `publish`'s."""
-    try:
+    with _sending():
         await request.respond(data)
-    except TimeoutError:
-        raise
-    except OSError as exc:
-        raise ConnectionLost from exc
 
 
 async def stop_service(nc: Client, service: Service | None) -> None:

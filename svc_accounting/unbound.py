@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.core.requests import asks_for_gpu
+from shared.core.requests import pod_asks_for_gpu
 from svc_accounting.ledger import newer
 
 if TYPE_CHECKING:
@@ -29,12 +29,6 @@ if TYPE_CHECKING:
 
 MAX_UNBOUND = 65536
 """Pods kept at most (a backlog beyond it is read from the API server)."""
-
-
-def wants_gpu(pod: PodInfo, config: CoreConfig) -> bool:
-    return any(
-        asks_for_gpu(c.limits, config) or asks_for_gpu(c.requests, config) for c in pod.containers
-    )
 
 
 class UnboundPods:
@@ -48,7 +42,7 @@ class UnboundPods:
 
     def observe(self, pod: PodInfo) -> None:
         """A pod as the list or the watch shows it."""
-        if pod.node_name or pod.terminal or pod.deleting or not wants_gpu(pod, self.config):
+        if pod.node_name or pod.terminal or pod.deleting or not pod_asks_for_gpu(pod, self.config):
             self._pods.pop(pod.uid, None)
             return
         known = self._pods.get(pod.uid)

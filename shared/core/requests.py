@@ -101,6 +101,13 @@ def pod_requests(pod: PodInfo, config: CoreConfig) -> list[ContainerRequest | No
     return [container_request(c, config) for c in pod.containers]
 
 
+def pod_asks_for_gpu(pod: PodInfo, config: CoreConfig) -> bool:
+    """True when any container names a GPU resource in its limits or requests."""
+    return any(
+        asks_for_gpu(c.limits, config) or asks_for_gpu(c.requests, config) for c in pod.containers
+    )
+
+
 def asks_for_gpu(resources: Mapping[str, Any], config: CoreConfig) -> bool:
     """True when a resource map names any of the GPU resources."""
     names = (

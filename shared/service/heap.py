@@ -68,7 +68,6 @@ class HeapKeeper:
         self._last = clock()
         self._started = 0.0
         self._pending = False
-        self._installed = False
 
     @property
     def pending(self) -> bool:
@@ -99,16 +98,10 @@ class HeapKeeper:
         await readiness.complete.wait()
         self.settle()
         gc.callbacks.append(self._observe)
-        self._installed = True
         try:
             await asyncio.Event().wait()  # until cancelled with the service
         finally:
-            self.remove()
-
-    def remove(self) -> None:
-        if self._installed:
             gc.callbacks.remove(self._observe)
-            self._installed = False
 
     def _observe(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

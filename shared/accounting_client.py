@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
 R = TypeVar("R", bound=AccountingReply)
+Q = TypeVar("Q", bound=AccountingRequest)
+
+
+def with_deadline(request: Q, seconds: float) -> Q:
+    """`request` with its deadline `seconds` from now, both ways: `deadlineMs` (relative, what
+    older replicas read) and `deadlineAtMs` (absolute Unix milliseconds: a request read late, by
+    a replica that was paused or waited for a takeover, is refused instead of acted on)."""
+    ms = max(int(seconds * 1000), 0)
+    return msgspec.structs.replace(
+        request, deadline_ms=ms, deadline_at_ms=int(time.time() * 1000) + ms
+    )
 
 
 class AccountingUnavailable(Exception):
@@ -66,9 +77,7 @@ class AccountingClient:
         )
         if budget <= 0:
             raise AccountingUnavailable(f"no budget left to ask {subject}")
-        request = msgspec.structs.replace(
-            request, deadline_ms=max(int((budget - margin) * 1000), 0)
-        )
+        request = with_deadline(request, budget - margin)
         data = await self._roundtrip(request.OP, subject, messages.encode(request), budget)
         try:
             return messages.decode(data, reply_type)
@@ -148,9 +157,7 @@ class AccountingClient:
         request = messages.SnapshotRequest(after="", limit=page)
         subject = subjects.accounting(request.OP, subjects.ALL_NODES)
         budget = left()
-        request = msgspec.structs.replace(
-            request, deadline_ms=max(int((budget - REPLY_MARGIN) * 1000), 0)
-        )
+        request = with_deadline(request, budget - REPLY_MARGIN)
         replies: list[SnapshotReply] = []
         arrived = asyncio.Event()
         nobody = asyncio.Event()

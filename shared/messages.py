@@ -490,11 +490,15 @@ class PendingPod(Shape, frozen=True, kw_only=True):
 
 class AccountingRequest(Message, frozen=True, kw_only=True):
     """A request on `numafit.accounting.v1.<op>.<node>`: each names its `node` (the snapshot
-    of every node excepted) and may carry `deadlineMs`, the caller's remaining budget."""
+    of every node excepted) and may carry `deadlineMs`, the caller's remaining budget, and
+    `deadlineAtMs`, the same deadline as a Unix time in milliseconds. The absolute one is what
+    fences a request that waited (in a paused process, a socket buffer, a takeover): accounting
+    never acts on a request after it, however late the request is read."""
 
     OP: ClassVar[str] = ""
 
     deadline_ms: Int | None = None
+    deadline_at_ms: NonNegative | None = None
 
 
 class AccountingReply(Message, frozen=True, kw_only=True):
@@ -524,6 +528,10 @@ class ReserveRequest(AccountingRequest, frozen=True, kw_only=True):
     revision: NonNegative
     allocated: str
     node: str
+    epoch: str | None = None
+    """The node epoch `revision` counts in (the read model's view): a replica whose epoch for
+    the node differs (another ownership of its partition, another run) refuses with
+    `conflict`, since a revision of one epoch means nothing in another."""
 
 
 class ReserveReply(AccountingReply, frozen=True, kw_only=True):
@@ -560,6 +568,8 @@ class MoveRequest(AccountingRequest, frozen=True, kw_only=True):
 
     pod_uid: str = field(name="podUID")
     revision: NonNegative
+    epoch: str | None = None
+    """The node epoch `revision` counts in (as for `reserve`)."""
     pod_resource_version: str | None = None
     container_index: NonNegative
     to_allocate: str

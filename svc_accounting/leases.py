@@ -159,6 +159,8 @@ class Leases:
         """Partitions this replica holds the key of."""
         self.serving: set[int] = set()
         """Held partitions whose ledgers are rebuilt: requests for their nodes are answered."""
+        self.releasing: set[int] = set()
+        """Held partitions being handed over or lost: no longer served, key not yet freed."""
         self.owners: dict[int, str] = {}
         """Each partition's owner as last read (any replica)."""
         self.members: set[str] = set()
@@ -187,6 +189,17 @@ class Leases:
             and self.clock() - lease.renewed_at < self.renew_deadline
         )
 
+    def rebuilding(self, partition: int) -> bool:
+        """Held with time left on the lease, not served yet: its nodes are being brought up to
+        date (a takeover). A held lease past its renew deadline is not: it may be lost."""
+        lease = self.held.get(partition)
+        return (
+            lease is not None
+            and partition not in self.serving
+            and partition not in self.releasing
+            and self.clock() - lease.renewed_at < self.renew_deadline
+        )
+
     def epoch(self, partition: int) -> str | None:
         lease = self.held.get(partition)
         return lease.epoch if lease is not None else None
@@ -194,13 +207,6 @@ class Leases:
     def unowned(self, partition: int) -> bool:
         """No replica owned `partition` at the last read (a takeover is under way)."""
         return partition not in self.owners
-
-    def answers_unowned(self) -> bool:
-        """Of the live members, this one answers for partitions nobody owns (so a request in a
-        takeover gap gets one quick refusal instead of a timeout)."""
-        if self._stopping:
-            return False  # it is leaving: the others answer
-        return min({*self.members, self.replica}) == self.replica
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -509,22 +515,30 @@ class Leases:
                 self._changed(k, "acquired", epoch)
 
     async def _release(self, partitions: set[int], change: str, *, delete: bool) -> None:
-        """Stop serving first, then (when handing over) delete the keys."""
+        """Stop serving first (requests arriving meanwhile are refused, to be retried at the
+        next owner), let the writes under way finish (`on_released`), then free the keys."""
         serving = partitions & self.serving
         self.serving -= partitions
-        if serving:
-            with contextlib.suppress(Exception):
-                await self.on_released(serving)
-        kv = self._kv
-        for k in sorted(partitions):
-            lease = self.held.pop(k, None)
-            if lease is None:
-                continue
-            self.owners.pop(k, None)
-            self._changed(k, change, lease.epoch)
-            if delete and kv is not None:
+        if delete:
+            # Handed over: this replica still holds the keys, so it answers (refuses) what
+            # arrives until they are free. A lost key may be someone else's already: silent.
+            self.releasing |= partitions & set(self.held)
+        try:
+            if serving:
                 with contextlib.suppress(Exception):
-                    await self._timed(kv.delete(self._partition_key(k), last=lease.revision))
+                    await self.on_released(serving)
+            kv = self._kv
+            for k in sorted(partitions):
+                lease = self.held.pop(k, None)
+                if lease is None:
+                    continue
+                self.owners.pop(k, None)
+                self._changed(k, change, lease.epoch)
+                if delete and kv is not None:
+                    with contextlib.suppress(Exception):
+                        await self._timed(kv.delete(self._partition_key(k), last=lease.revision))
+        finally:
+            self.releasing -= partitions
 
     def _changed(self, k: int, change: str, epoch: str) -> None:
         at = time.time()

@@ -21,6 +21,7 @@ from the Node list and watch, or a pod bound there) is answered without touching
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -66,7 +67,7 @@ from shared.subjects import InvalidName, shown
 from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
 
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
@@ -210,6 +211,31 @@ def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
     return rows[index] if rows is not None and 0 <= index < len(rows) else None
 
 
+def deadline_of(request: AccountingRequest, received: float | None) -> Deadline | None:
+    """The request's deadline on this replica's monotonic clock: the earlier of `deadlineMs`
+    counted from when the request was received (not from when it is served: a request kept
+    through a takeover has less time left) and `deadlineAtMs`, the caller's absolute deadline
+    (which also covers the time the request spent unread, in a paused process's socket)."""
+    now = time.monotonic()
+    found: list[float] = []
+    if request.deadline_ms is not None:
+        found.append((now if received is None else received) + request.deadline_ms / 1000.0)
+    if request.deadline_at_ms is not None:
+        found.append(now + request.deadline_at_ms / 1000.0 - time.time())
+    return Deadline(min(found)) if found else None
+
+
+def _check_in_time(deadline: Deadline | None, op: str) -> None:
+    """A request whose deadline has passed changes nothing: its caller gave up on it."""
+    if deadline is not None and deadline.expired:
+        late = time.monotonic() - deadline.at
+        raise Refused(
+            Code.DEADLINE_EXCEEDED,
+            f"the {op} request reached its deadline before it was served ({late * 1000:.0f} ms "
+            "late: a paused replica, a takeover, or clocks apart); nothing was done",
+        )
+
+
 class Operations:
     def __init__(
         self,
@@ -245,6 +271,25 @@ class Operations:
             lock = asyncio.Lock()
             self.locks[name] = lock
         return lock
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str, deadline: Deadline | None, op: str) -> AsyncIterator[None]:
+        """The node's lock, waited for no longer than the request's deadline, which is checked
+        again once it is held: a request is never acted on after its caller gave up."""
+        lock = self.lock(name)
+        try:
+            async with asyncio.timeout(None if deadline is None else deadline.remaining()):
+                await lock.acquire()
+        except TimeoutError as exc:
+            raise Refused(
+                Code.DEADLINE_EXCEEDED,
+                f"node {name} stayed busy until the {op} request's deadline; nothing was done",
+            ) from exc
+        try:
+            _check_in_time(deadline, op)
+            yield
+        finally:
+            lock.release()
 
     def _ok(self, node: NodeLedger | None) -> _Head:
         """A success's head: the node's name and revision when accounting knows it."""
@@ -404,6 +449,18 @@ class Operations:
         except Refused as exc:
             log.warning("pod refresh failed", extra={"pod": pod.key, "error": bounded(str(exc))})
 
+    def _check_epoch(self, name: str, epoch: str | None) -> None:
+        """Fencing: a decision computed on a view of another epoch (another replica's
+        ownership of the node's partition, or an earlier run) is refused with `conflict`, as a
+        stale revision is; the caller fetches the current owner's view and decides again."""
+        current = self.ledger.epoch_of(name)
+        if epoch is not None and epoch != current:
+            raise Refused(
+                Code.CONFLICT,
+                f"node {name}'s revisions count in epoch {current}, the request was computed "
+                f"in epoch {shown(epoch)}; recompute on a fresh view",
+            )
+
     def _tracked_here(self, node: NodeLedger, uid: str) -> TrackedPod:
         tracked = node.pods.get(uid)
         if tracked is None:
@@ -467,6 +524,7 @@ class Operations:
         bind-phase `allocating` writes vgpu-node, vgpu-time and both allocation annotations
         (identical at this point) in one guarded patch."""
         node = self._known(name)
+        self._check_epoch(name, r.epoch)
         revision = r.revision
         if revision != node.revision:
             raise Refused(
@@ -627,6 +685,7 @@ class Operations:
         uid, revision, pod_version = r.pod_uid, r.revision, r.pod_resource_version
         index = r.container_index
         new_pending, new_allocated = r.to_allocate, r.allocated
+        self._check_epoch(name, r.epoch)
         tracked = self._tracked_here(node, uid)
         self._check_bound(tracked)
         if revision != node.revision and (
@@ -693,6 +752,30 @@ class Operations:
             raise Refused(Code.NOTHING_PENDING, f"node {name} has no pod waiting for allocation")
         self._check_bound(tracked)
         devices, requested = r.devices, r.container_index
+        rows = tracked.rows or ()
+        if (
+            uid
+            and requested is not None
+            and 0 <= requested < min(len(rows), len(tracked.pod.containers))
+            and not _pending_entry(tracked, requested)
+            and rows[requested]
+            and sorted(d.uuid for d in rows[requested]) == sorted(devices)
+        ):
+            # The same consume again (the device plugin resends one whose answer it never got:
+            # the first may have landed before a takeover): the entry is consumed on exactly
+            # these GPUs already, so it is answered ok and nothing is written or counted again.
+            reply = ConsumeReply(
+                **self._ok(node),
+                pod_uid=tracked.pod.uid,
+                pod_namespace=tracked.pod.namespace,
+                pod_name=tracked.pod.name,
+                container_index=requested,
+                container_name=tracked.pod.containers[requested].name,
+                container_devices=codec.encode_container(rows[requested]),
+                drifted=False,
+                bind_phase=tracked.pod.annotations.get(keys.BIND_PHASE, ""),
+            )
+            return Outcome(reply, set())
         known = frozenset(d.id for d in node.devices or ())
 
         def plan(current: TrackedPod, index: int | None) -> ConsumePlan:
@@ -815,7 +898,9 @@ class Operations:
 
     # --- dispatch ---------------------------------------------------------------------------
 
-    async def handle(self, op: str, node_token: str, data: bytes) -> Outcome:
+    async def handle(
+        self, op: str, node_token: str, data: bytes, received: float | None = None
+    ) -> Outcome:
         """Decode and run one operation; refusals and bad input become replies, never
         exceptions. The checks, in order: the body is a JSON object (else a reply without
         epoch), the subject token names a node, the body's `node` is a node name and matches
@@ -850,13 +935,21 @@ class Operations:
             node: object = getattr(request, "node", None)
             name = self._node_name(op, node_token, node, request_kind.WHAT)
             self._admit(op, name, node_token)
-            if request.deadline_ms is not None:
-                _DEADLINE.set(Deadline.after_ms(request.deadline_ms))
+            deadline = deadline_of(request, received)
+            _DEADLINE.set(deadline)
             if op in NO_WRITE_OPS:
                 return await self._run(name, request)
-            async with self.lock(name):
+            _check_in_time(deadline, op)
+            async with self._locked(name, deadline, op):
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited
+                if not self.serves(name):
+                    # The partition was handed over (or its lease ran out) while this request
+                    # waited for the node: its new owner decides, not this replica.
+                    raise Refused(
+                        Code.NODE_UNAVAILABLE,
+                        f"this accounting replica no longer owns node {name}'s partition; retry",
+                    )
                 outcome = await self._run(name, request)
             outcome.changed |= observed
             return outcome

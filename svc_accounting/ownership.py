@@ -7,11 +7,18 @@ Partitioned (the default): every replica subscribes to every accounting subject 
 queue group of its own, so each receives every request) and answers only for the nodes of the
 partitions it serves (svc_accounting/leases.py); the others drop the request. Subjects stay
 `numafit.accounting.v1.<op>.<node>`, so callers and the per-node NATS permissions do not change,
-and no request takes an extra hop. Around a takeover:
-- the replica that is about to serve a partition (it wants it and nobody else holds it) keeps
-  a request for it until it serves, up to `takeover_wait` seconds, then answers it;
-- a partition nobody serves after that wait is refused by one replica (the lowest-named live
-  member) with `node_unavailable`, so the caller gets a quick answer instead of a timeout.
+and no request takes an extra hop.
+
+Exactly one replica answers a request, so that no request is ever answered (or acted on) twice:
+- the replica serving the node's partition answers it;
+- a replica handing the partition over (it stopped serving, the key is not free yet) refuses
+  it with `node_unavailable`: the caller retries and reaches the next owner;
+- a partition nobody owns: only the replica that wants it (the rendezvous choice among the live
+  members) keeps the request, up to `takeover_wait` seconds; it answers once it serves (the
+  request's deadline and epoch still decide: one decided on the previous owner's view is
+  refused with `conflict`), or refuses with `node_unavailable` when it still does not;
+- a partition another replica holds is that replica's, even when this one wants it (a replica
+  that joined): the holder answers, and hands the partition over between requests.
 """
 
 from __future__ import annotations
@@ -73,35 +80,43 @@ class Ownership:
         async with self._changed:
             self._changed.notify_all()
 
-    async def admit(self, token: str) -> Admission:
-        """What to do with a request on the subject token `token` (a node, or `_all`)."""
+    async def admit(self, token: str, *, changes: bool = True) -> Admission:
+        """What to do with a request on the subject token `token` (a node, or `_all`);
+        `changes`: the operation may change something (a read is kept more readily)."""
         leases = self.leases
         if leases is None or token == subjects.ALL_NODES:
             return Admission.SERVE
         k = partition_of(token, leases.partitions)
         if leases.may_serve(k):
             return Admission.SERVE
-        if not self._coming(k):
+        if k in leases.releasing:
+            return Admission.REFUSE
+        if not self._coming(k, changes):
             return Admission.DROP
         try:
             async with asyncio.timeout(self.takeover_wait), self._changed:
-                await self._changed.wait_for(lambda: leases.may_serve(k) or not self._coming(k))
+                await self._changed.wait_for(
+                    lambda: leases.may_serve(k) or not self._coming(k, changes)
+                )
         except TimeoutError:
             pass
         if leases.may_serve(k):
             return Admission.SERVE
-        if leases.unowned(k) and leases.answers_unowned():
-            return Admission.REFUSE
+        if self._coming(k, True) or k in leases.releasing:
+            return Admission.REFUSE  # still this replica's to answer: quickly, not by timeout
         return Admission.DROP
 
-    def _coming(self, k: int) -> bool:
-        """Might this replica answer for partition `k` soon: nobody owns it, or this replica
-        wants it (the rebalancing hands it over, or it is rebuilding it now)? Such a request
-        is kept rather than dropped: if the current owner answers it first, the late answer
-        from here is simply not read."""
+    def _coming(self, k: int, changes: bool) -> bool:
+        """Will this replica, and no other, answer for partition `k` soon? It holds the key and
+        is bringing the partition's nodes up to date (its lease fresh), or nobody holds the
+        key and this replica is the one that wants it. A partition another replica holds is
+        that replica's to act on, even while this one wants it (it joined): keeping a write
+        here would carry it out a second time after the handover. A read is kept then too,
+        so that none goes unanswered around the handover: answering one twice is harmless
+        (the caller reads the first answer)."""
         leases = self.leases
-        if leases is None:
-            return False
-        if leases.unowned(k):
-            return True
-        return k in leases.wanted
+        if leases is None or k in leases.releasing or k in leases.held:
+            # Held: this replica's only while its lease is fresh (a lease past its renew
+            # deadline may be someone else's already, e.g. after this process was paused).
+            return leases is not None and leases.rebuilding(k)
+        return k in leases.wanted and (leases.unowned(k) or not changes)

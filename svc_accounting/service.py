@@ -53,6 +53,7 @@ from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import (
     DEFAULT_RESERVATION_TTL,
+    NO_WRITE_OPS,
     NotAddressed,
     Operations,
     bounded,
@@ -85,6 +86,9 @@ PEER_CHECK_SECONDS = 0.3
 EVENT_TIMEOUT = 2.0
 """Longest the drift Event may take to record (it is informational: never worth waiting on)."""
 WATCH_KINDS = ("pods", "nodes", "resourcequotas")
+DRAIN_WRITES_FACTOR = 2.0
+"""A handover waits at most this many write timeouts for the writes under way (a write and the
+fence that settles it when its answer does not come)."""
 EXPIRY_CHECK_SECONDS = 1.0
 """Held reservations are checked for expiry at least this often."""
 
@@ -340,7 +344,11 @@ class AccountingService:
 
     async def _hand_over(self, released: set[int]) -> None:
         """Partitions this replica no longer serves: reservations it held there (unwritten)
-        are dropped, so their binds fail cleanly and kube-scheduler schedules them again."""
+        are dropped, so their binds fail cleanly and kube-scheduler schedules them again.
+        Writes already under way there finish first (new requests are refused once the node's
+        lock is theirs): the key is freed for the next owner only after, so no write of this
+        replica can land after the next owner has listed the pods."""
+        await self._drain(released)
         for uid, hold in list(self.ledger.held.items()):
             if self.ledger.partition(hold.node) in released:
                 self.ledger.release(uid)
@@ -351,6 +359,29 @@ class AccountingService:
                 self.metrics.node_gone(name)  # its new owner exports its series now
         await self.ownership.changed()
         self.metrics.partitions_owned.set(len(self.ownership.served()))
+
+    async def _drain(self, released: set[int]) -> None:
+        """Wait (bounded) until no request holds a node lock of the `released` partitions."""
+        busy = [
+            lock
+            for name, lock in list(self.ops.locks.items())
+            if self.ledger.partition(name) in released and lock.locked()
+        ]
+        if not busy:
+            return
+        bound = DRAIN_WRITES_FACTOR * self.ops.write_timeout
+        if self.leases is not None:
+            bound = min(bound, self.leases.renew_every)  # the other partitions' renewals wait
+        try:
+            async with asyncio.timeout(bound):
+                for lock in busy:
+                    async with lock:
+                        pass
+        except TimeoutError:
+            log.warning(
+                "writes still under way when the partitions were handed over",
+                extra={"partitions": sorted(released)},
+            )
 
     # --- rebuild and watches ----------------------------------------------------------------
 
@@ -580,8 +611,9 @@ class AccountingService:
         return handle
 
     async def _serve(self, op: str, request: Request) -> None:
+        received = time.monotonic()  # the request's relative deadline counts from here
         token = subjects.last_token(request.subject)
-        admission = await self.ownership.admit(token)
+        admission = await self.ownership.admit(token, changes=op not in NO_WRITE_OPS)
         if admission is Admission.DROP:
             return  # the owner of the node's partition answers
         if admission is Admission.REFUSE:
@@ -590,7 +622,7 @@ class AccountingService:
                 await request.respond(messages.encode(self._unowned(op, token)))
             return
         try:
-            outcome = await self.ops.handle(op, token, request.data)
+            outcome = await self.ops.handle(op, token, request.data, received)
             reply = outcome.reply
             if outcome.answer is not None:
                 reply = await self._relay(reply, *outcome.answer)

@@ -436,6 +436,7 @@ class RefitService:
         move = MoveRequest(
             pod_uid=request.pod_uid,
             revision=view.revision,
+            epoch=view.epoch or None,  # fencing: the revision counts in this epoch only
             pod_resource_version=tracked.pod.resource_version,
             container_index=request.container_index,
             to_allocate=decision.annotations[keys.TO_ALLOCATE],

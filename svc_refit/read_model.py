@@ -19,7 +19,12 @@ two hundred. A refit refused only because of claims waits for them to settle (wi
 deadline) and decides again: capacity a failed move gave back is never refused.
 
 A decision made on a view that turned stale is harmless: accounting re-checks every move
-against its own ledger and refuses an over-commit with `no_fit`.
+against its own ledger and refuses an over-commit with `no_fit`. A refusal is checked by
+nobody, so it must not rest on a view accounting contradicts: a snapshot is the authority
+(shared/core/snapshot_rule.py, the rule the scheduler's read model applies too). A view ahead of
+a snapshot that was set before the request was sent (a forged or buggy update) is replaced by
+it; one set by an update while the request travelled is kept, but fetched once more before a
+refit decides on it (that fetch, sent after it was set, decides).
 
 Everything keyed by request input is bounded: nodes (least recently used first out),
 namespaces' quota, fetches in flight (by the service's in-flight limit).
@@ -43,6 +48,7 @@ from shared.core.accounting import TrackedPod, track_pod
 from shared.core.nodes import with_added, without_pod
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
+from shared.core.snapshot_rule import Verdict, snapshot_verdict
 from shared.messages import (
     MessageError,
     NodeState,
@@ -114,6 +120,14 @@ class _Node:
     expected_at: float = 0.0
     local: bool = False
     """The current revision was applied from our own commit; its usage update is to come."""
+    tick: int = 0
+    """The model's tick when the current revision was set (see `ReadModel.ticket`)."""
+    confirmed: bool = True
+    """Accounting's own answer set the current revision (a snapshot, or our commit's reply),
+    not a published update."""
+    ahead: bool = False
+    """Kept ahead of accounting's last snapshot on an update's word only: fetched again
+    before a refit decides on it."""
 
 
 @dataclass(slots=True)
@@ -170,6 +184,9 @@ class ReadModel:
         self._waiting: dict[str, int] = {}
         self._subscription: Subscription | None = None
         self.fetches = 0
+        self._tick = 0
+        """Counts revision changes of the nodes: a snapshot request takes it when sent, so that
+        its answer tells what was set before it from what was set while it travelled."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -240,6 +257,8 @@ class ReadModel:
         updated = without_pod(entry.usage, old)
         updated.add_pod_usage(new)
         entry.usage, entry.revision, entry.local = updated, revision, True
+        # Accounting's own reply named the revision: confirmed (its update confirms the usage).
+        self._stamp(entry, confirmed=True)
         self._pulse(node)
         return True
 
@@ -308,6 +327,7 @@ class ReadModel:
         unchanged = updated.usage_table() == entry.usage.usage_table()
         gap = revision > entry.revision + 1
         entry.usage, entry.revision = updated, revision
+        self._stamp(entry, confirmed=False)
         if unchanged or gap:
             # Something the table does not show changed (or may have, in the gap).
             entry.stale = True
@@ -391,6 +411,12 @@ class ReadModel:
         # refit of the node waiting for it.
         fetched = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=True)
         entry = self._nodes.get(node)
+        if entry is not None and entry.ahead:
+            # Kept ahead of the answer on the word of an update that arrived while it
+            # travelled, maybe a forged or buggy one: a refusal must not rest on it. One more
+            # snapshot, asked after it was set, confirms or overrules it.
+            fetched = await self._fetch(node, pod_uid, namespace, deadline, reserve, shared=True)
+            entry = self._nodes.get(node)
         pod = entry.pods.get(pod_uid) if entry is not None else None
         if pod is None and fetched.asked == pod_uid:
             pod = fetched.tracked()  # tracked on another node, or not at all
@@ -476,6 +502,7 @@ class ReadModel:
         if self.on_fetch is not None:
             self.on_fetch()
         request = SnapshotRequest(node=node, pod_uid=pod_uid or None, namespace=namespace or None)
+        sent = self._tick
         reply = await self.accounting.ask(request, SnapshotReply, budget)
         if not reply.ok:
             raise SnapshotRefused(
@@ -484,13 +511,15 @@ class ReadModel:
             )
         epoch = reply.epoch or ""  # (an `ok` snapshot reply always has one)
         state = next((n.to_state() for n in reply.nodes or () if n.node == node), None)
-        self._store(node, epoch, state, marks)
+        self._store(node, epoch, state, marks, sent)
         if namespace and reply.quota is not None:
             self._keep_quota(namespace, reply.quota.to_core())
         pod = reply.pod if isinstance(reply.pod, TrackedPodWire) else None
         return _Fetched(epoch, state, pod_uid, pod)
 
-    def _store(self, node: str, epoch: str, state: NodeState | None, marks: int) -> None:
+    def _store(self, node: str, epoch: str, state: NodeState | None, marks: int, sent: int) -> None:
+        """Take a snapshot of `node` asked for at tick `sent`; what wins over the held view is
+        shared/core/snapshot_rule.py's rule."""
         if state is None or state.devices is None:
             # Accounting knows no inventory for it: nothing worth keeping.
             self.drop(node)
@@ -499,21 +528,42 @@ class ReadModel:
         assert snapshot is not None
         pods = {p.uid: p for p in state.pods}
         entry = self._nodes.get(node)
-        if entry is not None and entry.epoch == epoch and state.revision < entry.revision:
-            # Updates newer than this snapshot arrived while it travelled: keep their usage.
+        verdict = Verdict.TAKE
+        if entry is not None:
+            verdict = snapshot_verdict(
+                held_epoch=entry.epoch,
+                held_revision=entry.revision,
+                held_tick=entry.tick,
+                held_confirmed=entry.confirmed,
+                epoch=epoch,
+                revision=state.revision,
+                sent=sent,
+            )
+        if entry is not None and verdict is not Verdict.TAKE:
+            # Newer than this snapshot and set while it travelled: keep its usage.
             entry.pods = pods
+            if verdict is Verdict.RECHECK:
+                # On an update's word only: stale until a snapshot asked after it decides.
+                entry.stale, entry.ahead = True, True
+                entry.marks += 1
         elif entry is not None:
             if entry.epoch != epoch:
                 entry.expected = 0  # revisions of accounting's previous run mean nothing
+            elif state.revision < entry.revision:
+                # Ahead of an answer accounting gave after it was seen: impossible, so the
+                # update was forged or buggy (worth a look by whoever runs the cluster).
+                log.warning("usage view ahead of accounting dropped", extra={"node": node})
             entry.epoch, entry.revision, entry.usage, entry.pods = (
                 epoch,
                 state.revision,
                 snapshot,
                 pods,
             )
-            entry.local = False
+            entry.local, entry.ahead = False, False
+            self._stamp(entry, confirmed=True)
         else:
             entry = _Node(node, epoch, state.revision, snapshot, pods)
+            self._stamp(entry, confirmed=True)
             self._nodes[node] = entry
             self._tokens[node.replace(".", "_")] = node
             self._evict()
@@ -522,6 +572,10 @@ class ReadModel:
         if entry.expected and entry.revision >= entry.expected:
             entry.expected = 0
         self._pulse(node)
+
+    def _stamp(self, entry: _Node, *, confirmed: bool) -> None:
+        self._tick += 1
+        entry.tick, entry.confirmed = self._tick, confirmed
 
     def _keep_quota(self, namespace: str, quota: QuotaLedger) -> None:
         self._quota.pop(namespace, None)

@@ -21,7 +21,16 @@ The rules:
 - an applied update carries the node's lock (`allocating`); a snapshot's lock is computed from
   its pods by the core's rule, so both ways give the same view;
 - a commit answered with a revision (`expect`): the node is stale until it holds that one;
-- a snapshot never rolls a node back behind an update applied while it travelled;
+- accounting's snapshot is the authority (shared/core/snapshot_rule.py, the rule the refit's
+  read model applies too). A view ahead of a snapshot's answer and set before its request was
+  sent is impossible (accounting answered after the update was seen): a forged or buggy
+  update ("GPUs full" at the next revision) is dropped for the snapshot, which the caller
+  logs. Set by an update while the request travelled, the view may be a newer change that
+  overtook the reply: it is kept (a snapshot never rolls such a node back), but on an
+  update's word only, so the node stays stale and is fetched again (`ahead_of_accounting`);
+  that fetch, sent after the view was set, decides. Set by another snapshot answered later, it
+  is accounting's own word: kept as it is. A request tells when it was sent by `ticket()`, the
+  count of view changes so far;
 - `deleted` (the Node was deleted) drops the node.
 
 A node the last full snapshot did not hold, and that no update has named since, does not exist
@@ -39,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from shared import subjects
+from shared.core.snapshot_rule import Verdict, snapshot_verdict
 from shared.messages import UsageUpdate, apply_usage
 
 if TYPE_CHECKING:
@@ -82,6 +92,13 @@ class Freshness:
     _views: dict[str, NodeView] = field(default_factory=dict)
     _stale: set[str] = field(default_factory=set)
     _expected: dict[str, int] = field(default_factory=dict)
+    _tick: int = 0
+    """Counts view changes: a request's `ticket()` tells which views were set before it."""
+    _stamps: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    """Per node with a view: the tick that set it, and whether a snapshot (True) or an update
+    did."""
+    _ahead: set[str] = field(default_factory=set)
+    """Nodes whose view is ahead of accounting's last answer on an update's word only."""
     _quota: dict[str, tuple[QuotaLedger, float]] = field(default_factory=dict)
 
     # --- what is known ----------------------------------------------------------------------
@@ -121,6 +138,19 @@ class Freshness:
             return list(found)
         return [name for name in asked if name in found]
 
+    def ahead_of_accounting(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` (once each, in order) whose view is ahead of accounting's last
+        answer on an update's word only: a decision must not rest on them before one more
+        fetch."""
+        if not self._ahead:
+            return []
+        return [name for name in dict.fromkeys(names) if name in self._ahead]
+
+    def ticket(self) -> int:
+        """To take before a snapshot request is sent, and hand to `apply_snapshot` with its
+        answer: tells the views set before the request from those set while it travelled."""
+        return self._tick
+
     def views_of(self, names: Sequence[str]) -> dict[str, NodeView | None]:
         """The view of each of `names` (None where there is none)."""
         return dict(zip(names, map(self._views.get, names), strict=True))
@@ -155,19 +185,32 @@ class Freshness:
             return
         lock = update.allocating.to_core() if update.allocating is not None else None
         self._views[node] = NodeView(node, update.revision, updated, lock, update.epoch)
+        self._stamp(node, confirmed=False)
 
     def apply_snapshot(
-        self, epoch: str, views: Iterable[NodeView], *, full: bool, asked: str | None = None
-    ) -> None:
+        self,
+        epoch: str,
+        views: Iterable[NodeView],
+        *,
+        full: bool,
+        asked: str | None = None,
+        sent: int | None = None,
+    ) -> list[str]:
         """Store a snapshot of every node (`full`) or of the node `asked` for; a node asked for
-        and not in it is unknown to accounting: dropped (absent, not stale)."""
+        and not in it is unknown to accounting: dropped (absent, not stale). `sent`: the
+        `ticket()` taken before the request was sent (None: just now, after every view held).
+        Returns the nodes whose view the snapshot overruled (ahead of it, set before the request
+        was sent: a forged or buggy update)."""
+        if sent is None:
+            sent = self._tick
         # A view without its own epoch counts in the snapshot's.
         received = [v if v.epoch else dataclasses.replace(v, epoch=epoch) for v in views]
-        previous = self._views
+        previous, stamps = self._views, self._stamps
         unseen = {v.epoch for v in received} - self.epochs
         if full:
-            self._views = {}
+            self._views, self._stamps = {}, {}
             self._stale.clear()
+            self._ahead.clear()
             self.needs_full = False
             self.epochs = {v.epoch for v in received}
         else:
@@ -175,20 +218,41 @@ class Freshness:
                 self.needs_full = True  # a new run or a takeover: other nodes moved too
             self.epochs |= unseen
         self.epoch = epoch
+        overruled = []
         for view in received:
-            current = previous.get(view.name)
-            if current is not None and current.epoch != view.epoch:
-                # Revisions of another epoch mean nothing here: what a commit answered too.
-                self._expected.pop(view.name, None)
-                current = None
-            if current is not None and view.revision < current.revision:
-                # An update newer than this snapshot was applied while it travelled.
-                self._views[view.name] = current
-                continue
-            self._views[view.name] = view
-            self._stale.discard(view.name)
+            name = view.name
+            current = previous.get(name)
+            if current is not None:
+                if current.epoch != view.epoch:
+                    # Revisions of another epoch mean nothing here: what a commit answered too.
+                    self._expected.pop(name, None)
+                stamp = stamps.get(name, (0, True))
+                verdict = snapshot_verdict(
+                    held_epoch=current.epoch,
+                    held_revision=current.revision,
+                    held_tick=stamp[0],
+                    held_confirmed=stamp[1],
+                    epoch=view.epoch,
+                    revision=view.revision,
+                    sent=sent,
+                )
+                if verdict is not Verdict.TAKE:
+                    # Newer than this answer and set while it travelled: kept. On an update's
+                    # word only, it stays stale: the next fetch, sent after it, decides.
+                    self._views[name], self._stamps[name] = current, stamp
+                    if verdict is Verdict.RECHECK:
+                        self._stale.add(name)
+                        self._ahead.add(name)
+                    continue
+                if current.epoch == view.epoch and current.revision > view.revision:
+                    overruled.append(name)  # impossible: accounting answered after it
+            self._views[name] = view
+            self._stamp(name, confirmed=True)
+            self._stale.discard(name)
+            self._ahead.discard(name)
         if asked is not None and all(v.name != asked for v in received):
             self.drop(asked)
+        return overruled
 
     def expect(self, node: str, revision: int) -> None:
         """A commit answered with `revision`: anything older is stale for this node."""
@@ -205,8 +269,14 @@ class Freshness:
     def drop(self, node: str) -> None:
         """The node was deleted (or accounting does not know it): forget everything about it."""
         self._views.pop(node, None)
+        self._stamps.pop(node, None)
         self._stale.discard(node)
+        self._ahead.discard(node)
         self._expected.pop(node, None)
+
+    def _stamp(self, node: str, *, confirmed: bool) -> None:
+        self._tick += 1
+        self._stamps[node] = (self._tick, confirmed)
 
     # --- quota ------------------------------------------------------------------------------
 

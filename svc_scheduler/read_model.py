@@ -11,6 +11,12 @@ decision made on a view that turned stale meanwhile is harmless: the reserve nam
 and accounting refuses it with `conflict`. An update that cannot be decoded marks the node its
 subject names stale.
 
+A refusal is not checked by a reserve, so it must not rest on a view accounting contradicts:
+a snapshot overrules a view ahead of it that was set before its request was sent (logged as
+`usage view ahead of accounting dropped`), and a view kept ahead of a snapshot because it
+arrived while the request travelled is fetched once more before `views` returns it (see
+Freshness: the second answer, asked after the view was set, decides).
+
 Quota: a namespace's GPU quota (limits and usage) rides along a node snapshot (see Freshness
 for how long it is trusted).
 """
@@ -200,12 +206,22 @@ class ReadModel:
         asked = list(dict.fromkeys(names))
         wanted = subjects.valid_names(asked)
         fresh = self.freshness
+        until = time.monotonic() + budget
         stale = fresh.to_fetch(wanted)
         if fresh.needs_full or len(stale) > FULL_REFRESH_THRESHOLD:
             await self.refresh_all(budget)
             stale = fresh.to_fetch(wanted)
         if stale:
             await asyncio.gather(*(self._refresh_shared(n, budget) for n in stale))
+            # A view kept ahead of its answer (an update that arrived while the request
+            # travelled) may be a forged or buggy one: a decision, a refusal above all (no
+            # reserve checks it), must not rest on it. One more fetch, asked after it was set,
+            # confirms or overrules it; only a further overtaking update stays unconfirmed, and
+            # stays stale for the next decision.
+            ahead = fresh.ahead_of_accounting(stale)
+            left = until - time.monotonic()
+            if ahead and left > 0:
+                await asyncio.gather(*(self._refresh_shared(n, left) for n in ahead))
         return fresh.views_of(asked)
 
     async def refresh_all(self, budget: float) -> None:
@@ -218,8 +234,10 @@ class ReadModel:
 
     async def _fetch_all(self, budget: float) -> None:
         self.metrics.snapshots.labels("all").inc()
+        sent = self.freshness.ticket()  # before any page is asked for
         epoch, nodes = await self.accounting.every_node(budget=budget)
-        self.freshness.apply_snapshot(epoch, _views(nodes, epoch), full=True)
+        overruled = self.freshness.apply_snapshot(epoch, _views(nodes, epoch), full=True, sent=sent)
+        self._overruled(overruled)
         self.metrics.nodes.set(len(self.freshness))
 
     async def _refresh_shared(self, node: str, budget: float) -> None:
@@ -245,6 +263,7 @@ class ReadModel:
         `AccountingUnavailable` when unanswered or refused, `MessageError` when unreadable."""
         self.metrics.snapshots.labels("node").inc()
         request = SnapshotRequest(node=node, pod_uid=pod_uid or None, namespace=namespace or None)
+        sent = self.freshness.ticket()
         reply = await self.accounting.ask(request, SnapshotReply, budget)
         if not reply.ok:
             if Code.parse(reply.code) is Code.NODE_UNAVAILABLE:
@@ -255,9 +274,10 @@ class ReadModel:
             raise AccountingUnavailable(f"snapshot of {node} refused: {error}")
         assert reply.epoch is not None  # both checked by the decoder on `ok`
         assert reply.nodes is not None
-        self.freshness.apply_snapshot(
-            reply.epoch, _views(reply.nodes, reply.epoch), full=False, asked=node
+        overruled = self.freshness.apply_snapshot(
+            reply.epoch, _views(reply.nodes, reply.epoch), full=False, asked=node, sent=sent
         )
+        self._overruled(overruled)
         self.metrics.nodes.set(len(self.freshness))
         tracked = reply.pod.to_core() if isinstance(reply.pod, messages.TrackedPodWire) else None
         quota = None
@@ -265,6 +285,12 @@ class ReadModel:
             quota = reply.quota.to_core()
             self.freshness.remember_quota(namespace, quota, time.monotonic())
         return PodContext(tracked, quota)
+
+    def _overruled(self, nodes: list[str]) -> None:
+        for node in nodes:
+            # Accounting answered after the update was seen, yet is behind it: the update was
+            # forged or buggy (worth a look by whoever runs the cluster), the snapshot holds.
+            log.warning("usage view ahead of accounting dropped", extra={"node": node})
 
     # --- quota ------------------------------------------------------------------------------
 

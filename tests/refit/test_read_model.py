@@ -7,17 +7,31 @@ node's view for every node name a refit named.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from shared import subjects
+from shared.core.model import DeviceInfo
+from shared.messages import (
+    NodeStateWire,
+    QuotaWire,
+    RegisterItem,
+    SnapshotReply,
+    SnapshotRequest,
+    UsageEntry,
+)
+from shared.service.lifecycle import Deadline
+from shared.service.supervisor import Supervisor
+from svc_refit.read_model import ReadModel
 from tests.builders import container, gpu, node, pod
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import refit_counter
 from tests.refit.helpers import for_create, request_for, worked_objects
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
 
@@ -152,3 +166,98 @@ async def test_usage_updates_keep_the_view_current_without_fetching(
         )
         assert reply["code"] == "no_fit" and reply["fitReasons"] == {"CardInsufficientMemory": 1}
         assert refit_counter(h.refit, "snapshots") == fetched
+
+
+GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
+FULL = {"GPU-a": UsageEntry(used=10, usedmem=40000, usedcores=100)}
+"""GPU-a taken whole: what the forged update claims."""
+
+
+class FakeAccounting:
+    """Answers every snapshot with node-1 at `revision`, free; `while_asked` runs one callable
+    per request after accounting answered, before the answer is read."""
+
+    def __init__(self) -> None:
+        self.revision = 3
+        self.asked: list[SnapshotRequest] = []
+        self.while_asked: list[Callable[[], None]] = []
+
+    async def ask(self, request: Any, reply_type: Any, budget: float | None = None) -> Any:
+        assert isinstance(request, SnapshotRequest) and reply_type is SnapshotReply
+        self.asked.append(request)
+        wire = NodeStateWire(
+            node="node-1",
+            revision=self.revision,
+            devices=(RegisterItem.from_device(GPU),),
+            cordoned=(),
+            pods=(),
+        )
+        if self.while_asked:  # accounting has answered; the answer is on its way
+            self.while_asked.pop(0)()
+        quota = QuotaWire(namespace=request.namespace) if request.namespace else None
+        return SnapshotReply(ok=True, code="ok", epoch="e1", nodes=(wire,), pod=None, quota=quota)
+
+
+@contextlib.asynccontextmanager
+async def fake_model() -> AsyncIterator[tuple[ReadModel, FakeAccounting]]:
+    """A read model holding node-1 at revision 3 from a first snapshot (no NATS)."""
+    accounting = FakeAccounting()
+    supervisor = Supervisor("test-refit")
+    await supervisor.start()
+    model = ReadModel(None, accounting, supervisor)  # type: ignore[arg-type]  # no NATS here
+    try:
+        await model.refresh_quota("node-1", "ml", Deadline.after_ms(2000), 0.0)
+        assert model.revision("node-1") == 3
+        yield model, accounting
+    finally:
+        await supervisor.stop()
+
+
+def used(model: ReadModel) -> tuple[int | None, int]:
+    """(revision, GPU-a's used count) of node-1's entry."""
+    entry = model._nodes["node-1"]
+    return entry.revision, entry.usage.usage_table()["GPU-a"]["used"]
+
+
+async def test_a_forged_update_ahead_of_accounting_loses_to_the_next_snapshot() -> None:
+    # Before the fix the forged revision+1 outranked every snapshot accounting gave (all at
+    # revision 3): the node stayed "full" for every refit until some real change came.
+    async with fake_model() as (model, _):
+        model.apply_update("e1", "node-1", 4, FULL)
+        assert used(model) == (4, 10)
+        await model.refresh_quota("node-1", "ml", Deadline.after_ms(2000), 0.0)
+        assert used(model) == (3, 0)
+        view = await model.view("node-1", "uid-x", "ml", Deadline.after_ms(2000), 0.0)
+        assert view.revision == 3 and view.usage is not None
+        assert view.usage.usage_table()["GPU-a"]["used"] == 0
+
+
+async def test_an_update_overtaking_a_snapshot_is_fetched_again_before_a_refit_decides() -> None:
+    async with fake_model() as (model, accounting):
+        model.mark_stale("node-1")
+        # Forged while the snapshot travels: kept at first (it may be a change made after
+        # accounting answered), then asked again; accounting, asked after it, still says 3.
+        accounting.while_asked.append(lambda: model.apply_update("e1", "node-1", 4, FULL))
+        asked = len(accounting.asked)
+        view = await model.view("node-1", "uid-x", "ml", Deadline.after_ms(2000), 0.0)
+        assert len(accounting.asked) == asked + 2
+        assert view.revision == 3 and view.usage is not None
+        assert view.usage.usage_table()["GPU-a"]["used"] == 0
+        assert used(model) == (3, 0) and not model._nodes["node-1"].stale
+
+
+async def test_a_real_change_that_overtook_the_snapshot_is_confirmed_and_kept() -> None:
+    async with fake_model() as (model, accounting):
+        model.mark_stale("node-1")
+
+        def commits() -> None:
+            # Accounting committed after answering: its update overtakes the answer (3), and
+            # the next snapshot says 4.
+            model.apply_update("e1", "node-1", 4, FULL)
+            accounting.revision = 4
+
+        accounting.while_asked.append(commits)
+        asked = len(accounting.asked)
+        view = await model.view("node-1", "uid-x", "ml", Deadline.after_ms(2000), 0.0)
+        assert len(accounting.asked) == asked + 2  # kept ahead of 3, then confirmed by 4
+        assert view.revision == 4 and not model._nodes["node-1"].stale

@@ -1,6 +1,8 @@
 """The read model's freshness rules, without NATS: apply updates in order, or ask for a fetch
 when an update cannot describe the node completely (gap, new epoch, unknown node, other devices,
-unchanged usage such as a cordon); snapshots never roll a node back; quota is trusted a while."""
+unchanged usage such as a cordon); accounting's snapshot overrules a view ahead of it unless that
+view arrived while the snapshot travelled (then the node is fetched again); quota is trusted a
+while."""
 
 from __future__ import annotations
 
@@ -120,15 +122,88 @@ def test_expected_revision_after_a_commit() -> None:
     assert state.is_fresh("node-1")
 
 
-def test_a_snapshot_never_rolls_back_a_newer_update() -> None:
+FULL = usage(10, 40000, 100)
+"""GPU-a taken whole: what a forged or buggy update claims."""
+
+
+def used(state: Freshness, node: str = "node-1") -> tuple[int, int] | None:
+    """(revision, GPU-a's used count) of the node's view."""
+    current = state.view(node)
+    if current is None or current.snapshot is None:
+        return None
+    return current.revision, current.snapshot.usage_table()["GPU-a"]["used"]
+
+
+def test_a_snapshot_overrules_an_update_ahead_of_it_seen_before_it_was_asked() -> None:
+    # A forged update at revision+1 says the GPU is full. Accounting answered the snapshot
+    # after it was seen, so its lower revision proves the update impossible: the snapshot
+    # wins, for a node snapshot and a full one alike.
+    for full in (False, True):
+        state = fresh_at(3)
+        state.apply_update(update(4, FULL))
+        assert used(state) == (4, 10) and state.is_fresh("node-1")
+        # (No `sent`: the request went out just now, after every update seen.)
+        overruled = state.apply_snapshot("e1", [view(3)], full=full, asked="node-1")
+        assert overruled == ["node-1"]
+        assert used(state) == (3, 0), full
+        assert state.is_fresh("node-1") and state.ahead_of_accounting(["node-1"]) == []
+
+
+def test_an_update_that_overtook_the_snapshot_is_kept_until_a_later_snapshot_decides() -> None:
+    for later in (3, 4):
+        state = fresh_at(3)
+        sent = state.ticket()  # the request goes out...
+        state.apply_update(update(4, usage(1)))  # ...and an update arrives before its answer
+        assert state.apply_snapshot("e1", [view(3)], full=False, asked="node-1", sent=sent) == []
+        # Possibly a change made after accounting answered: not rolled back, but nothing has
+        # confirmed it, so the node is fetched again before a decision rests on it.
+        assert used(state) == (4, 1)
+        assert not state.is_fresh("node-1") and state.to_fetch(["node-1"]) == ["node-1"]
+        assert state.ahead_of_accounting(["node-2", "node-1", "node-1"]) == ["node-1"]
+        # The next answer, asked after the update was seen, decides: it confirms it (4) or
+        # proves it impossible (still 3).
+        state.apply_snapshot("e1", [view(later)], full=False, asked="node-1", sent=state.ticket())
+        assert used(state) == (later, 0)
+        assert state.is_fresh("node-1") and state.ahead_of_accounting(["node-1"]) == []
+
+
+def test_an_overtaking_update_keeps_its_node_stale_across_a_full_snapshot() -> None:
     state = fresh_at(3)
+    sent = state.ticket()
     state.apply_update(update(4, usage(1)))
-    state.apply_snapshot("e1", [view(3)], full=False, asked="node-1")
-    current = state.view("node-1")
-    assert current is not None and current.revision == 4
-    state.apply_snapshot("e1", [view(3)], full=True)
-    current = state.view("node-1")
-    assert current is not None and current.revision == 4
+    state.apply_snapshot("e1", [view(3), view(1, "node-2")], full=True, sent=sent)
+    assert used(state) == (4, 1) and state.needs_fetch("node-1")
+    assert state.is_fresh("node-2") and not state.needs_full
+
+
+def test_an_older_answer_never_rolls_back_a_newer_one() -> None:
+    # Two requests in flight, answered out of order: the newer answer is accounting's own
+    # word, so the older one neither rolls it back nor makes it suspect.
+    state = fresh_at(3)
+    first = state.ticket()
+    second = state.ticket()
+    state.apply_snapshot("e1", [view(5)], full=False, asked="node-1", sent=second)
+    assert state.apply_snapshot("e1", [view(4)], full=False, asked="node-1", sent=first) == []
+    assert used(state) == (5, 0) and state.is_fresh("node-1")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.integers(1, 5),
+    updates=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 10)), max_size=8),
+    answer=st.integers(0, 9),
+)
+def test_a_snapshot_asked_after_every_update_is_what_the_node_holds(
+    start: int, updates: list[tuple[int, int]], answer: int
+) -> None:
+    """Whatever updates came before the request (in order, out of order, forged), the answer
+    is the view, and the node is fresh."""
+    state = fresh_at(start)
+    for revision, count in updates:
+        state.apply_update(update(revision, usage(count)))
+    state.apply_snapshot("e1", [view(answer)], full=False, asked="node-1", sent=state.ticket())
+    assert used(state) == (answer, 0)
+    assert state.is_fresh("node-1") and state.ahead_of_accounting(["node-1"]) == []
 
 
 def test_a_snapshot_clears_stale_and_a_full_one_forgets_the_rest() -> None:

@@ -24,7 +24,7 @@ from shared.messages import (
 from svc_scheduler.read_model import ReadModel
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
 GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
 
@@ -43,6 +43,8 @@ class FakeAccounting:
         self.nodes = nodes
         self.asked: list[SnapshotRequest] = []
         self.reply: SnapshotReply | None = None
+        self.while_asked: list[Callable[[], None]] = []
+        """Run, one per request, while it travels (before its answer is read)."""
 
     async def every_node(
         self, *, budget: float | None = None, page: int = 200
@@ -54,6 +56,8 @@ class FakeAccounting:
         self.asked.append(request)
         # What travels is what accounting reads: the message round-trips through its JSON.
         assert messages.decode(messages.encode(request), SnapshotRequest) == request
+        if self.while_asked:
+            self.while_asked.pop(0)()
         if self.reply is not None:
             return self.reply
         wanted = tuple(n for n in self.nodes if n.node == request.node)
@@ -184,3 +188,46 @@ async def test_a_reconnect_takes_a_full_snapshot() -> None:
         await model.on_reconnect()
         assert model.epoch == "e2" and not model.freshness.needs_full
         assert model.is_fresh("node-2") and gauge(model) == 2
+
+
+FULL = {"GPU-a": {"used": 10, "usedmem": 40000, "usedcores": 100}}
+"""GPU-a taken whole: what the forged update claims."""
+
+
+def used(model: ReadModel) -> tuple[int, int] | None:
+    view = model.view("node-1")
+    if view is None or view.snapshot is None:
+        return None
+    return view.revision, view.snapshot.usage_table()["GPU-a"]["used"]
+
+
+async def test_a_forged_update_ahead_of_accounting_loses_to_the_next_snapshot() -> None:
+    # Before the fix the forged revision+1 outranked every snapshot accounting gave (all at
+    # revision 3), and the node stayed "full" until some real change came.
+    async with ready_model() as (model, _):
+        body = {"epoch": "e1", "node": "node-1", "revision": 4, "devices": FULL}
+        await model._on_usage(usage_msg("node-1", body))  # type: ignore[arg-type]
+        assert used(model) == (4, 10) and model.is_fresh("node-1")
+        await model.context("node-1", namespace="ml", budget=1.0)  # a filter's quota read
+        assert used(model) == (3, 0) and model.is_fresh("node-1")
+        model.apply_update(messages.decode(msgspec.json.encode(body), messages.UsageUpdate))
+        await model.refresh_all(1.0)
+        assert used(model) == (3, 0) and model.is_fresh("node-1")
+
+
+async def test_an_update_overtaking_a_snapshot_is_fetched_again_before_it_is_returned() -> None:
+    async with ready_model() as (model, accounting):
+        forged = {"epoch": "e1", "node": "node-1", "revision": 4, "devices": FULL}
+
+        def arrives() -> None:
+            update = messages.decode(msgspec.json.encode(forged), messages.UsageUpdate)
+            model.apply_update(update)
+
+        model.invalidate("node-1")
+        accounting.while_asked.append(arrives)  # forged while the snapshot travels
+        views = await model.views(["node-1"], 1.0)
+        # Kept at first (it may have been a change made after accounting answered), then
+        # asked again: accounting, asked after it was seen, still says 3.
+        assert [r.node for r in accounting.asked] == ["node-1", "node-1"]
+        assert used(model) == (3, 0) and model.is_fresh("node-1")
+        assert views["node-1"] == model.view("node-1")

@@ -138,6 +138,20 @@ class AccountingMetrics:
             "operation did stands, and its change is published as usual.",
             registry=self.registry,
         )
+        self.unknown_writes = Counter(
+            "numafit_accounting_unknown_writes",
+            "Writes whose answer did not come in time, by how they were settled: fenced (a "
+            "guarded write of accounting's own made the late one impossible), landed, changed "
+            "(the pod changed meanwhile, so it could not land), gone (the pod was deleted).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.late_requests = Counter(
+            "numafit_accounting_late_requests",
+            "Requests refused unserved because their deadline had passed when they were "
+            "served (a paused replica, a takeover, a busy node, or clocks apart).",
+            registry=self.registry,
+        )
         self._devices: dict[str, set[str]] = {}
         """The GPU label values set per node, so that they can be removed again."""
         self._children: dict[str, _NodeSeries] = {}

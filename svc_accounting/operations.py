@@ -88,6 +88,15 @@ SNAPSHOT_PAGE_MAX = 500
 MIN_WRITE_BUDGET = 0.02
 """Below this remaining budget a write is not attempted: it could only land after the caller
 gave up (HAMi's post-timeout commit race, closed by construction)."""
+SETTLE_SHARE = 0.25
+SETTLE_ROOM = 0.25
+"""A write that can be settled (move, bind-phase) leaves this share of the caller's remaining
+budget, at most SETTLE_ROOM seconds, for settling it when its answer does not come: a fence
+that lands at once gets its answer home in time."""
+SETTLE_BACKOFF = 0.05
+SETTLE_BACKOFF_MAX = 1.0
+SETTLE_WARN_AFTER = 5.0
+"""Seconds between warnings while a write cannot be settled (the API server is away)."""
 MAX_REAPPLY = 5
 """Re-reads after a 409 on consume or bind-phase, at most (the caller's deadline usually ends
 the loop first)."""
@@ -262,6 +271,13 @@ class Operations:
         """Partitioned accounting: does this replica answer for (and write for) the node now?"""
         self.replica: str | None = None
         self.served_partitions: Callable[[], tuple[int, ...]] | None = None
+        self.settling: dict[str, int] = {}
+        """Pods with a write being settled (`_settle`), by UID: a read of the pod waits for
+        the outcome instead of answering what may not stay true."""
+        self.on_settled: Callable[[str], None] | None = None
+        """Told how each write whose answer did not come was settled (a metric)."""
+        self.on_late: Callable[[], None] | None = None
+        """Told of each request refused because its deadline had passed (a metric)."""
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -286,10 +302,18 @@ class Operations:
                 f"node {name} stayed busy until the {op} request's deadline; nothing was done",
             ) from exc
         try:
-            _check_in_time(deadline, op)
+            self._in_time(deadline, op)
             yield
         finally:
             lock.release()
+
+    def _in_time(self, deadline: Deadline | None, op: str) -> None:
+        try:
+            _check_in_time(deadline, op)
+        except Refused:
+            if self.on_late is not None:
+                self.on_late()
+            raise
 
     def _ok(self, node: NodeLedger | None) -> _Head:
         """A success's head: the node's name and revision when accounting knows it."""
@@ -307,14 +331,18 @@ class Operations:
             raise Refused(Code.NODE_UNAVAILABLE, f"node {name} is not known to accounting")
         return node
 
-    def _budget(self) -> float:
+    def _budget(self, settle: bool = False) -> float:
         """Seconds the next API call may take: what is left of the caller's deadline (anchored
-        when the request arrived), at most the cap. Refuses when too little is left for a call
-        to land before the caller gives up."""
+        when the request arrived), at most the cap; with `settle`, less the time kept for
+        settling the write should its answer not come. Refuses when too little is left for a
+        call to land before the caller gives up."""
         deadline = _DEADLINE.get()
         if deadline is None:
             return self.write_timeout
-        budget = min(deadline.remaining(), self.write_timeout)
+        remaining = deadline.remaining()
+        if settle:
+            remaining -= min(remaining * SETTLE_SHARE, SETTLE_ROOM)
+        budget = min(remaining, self.write_timeout)
         if budget < MIN_WRITE_BUDGET:
             raise Refused(
                 Code.DEADLINE_EXCEEDED, f"only {int(budget * 1000)} ms of the caller's budget left"
@@ -336,11 +364,13 @@ class Operations:
             observed |= changed
 
     async def _patch(
-        self, pod: PodInfo, annotations: Mapping[str, str | None]
+        self, pod: PodInfo, annotations: Mapping[str, str | None], *, settle: bool = False
     ) -> tuple[PodInfo, set[str]]:
         """One guarded write, then the ledger follows what the server returned. A 409 is
-        raised as `_Stale` for the caller to decide what it means."""
-        budget = self._budget()
+        raised as `_Stale` for the caller to decide what it means. With `settle`, a write
+        whose answer does not come in time is settled before anything else happens on the
+        node (`_settle`): the reply then says what became of it."""
+        budget = self._budget(settle)
         node = _NODE.get()
         if node and not self.serves(node):
             # The lease on the node's partition is past its renew deadline: another replica may
@@ -355,6 +385,8 @@ class Operations:
                     pod.namespace, pod.name, annotations, pod.resource_version
                 )
         except TimeoutError as exc:
+            if settle:
+                return await self._settle(pod, annotations, budget)
             raise Refused(
                 Code.DEADLINE_EXCEEDED, f"patch of pod {pod.key} did not finish in {budget:.3f}s"
             ) from exc
@@ -373,6 +405,106 @@ class Operations:
             ) from exc
         return written, self._observe(written)
 
+    async def _settle(
+        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
+    ) -> tuple[PodInfo, set[str]]:
+        """A write's answer did not come within `waited` seconds: the API server may still
+        commit it. Its claim must not be dropped while it may land, so it is settled now, with
+        the node's lock held (nothing else is decided on the node meanwhile): a guarded write
+        of accounting's own at the same resourceVersion either lands, and then the late write
+        can never land (its precondition fails), or conflicts, and then a read shows whether
+        the late write landed. Tried until settled (the API server may be down): the caller's
+        deadline has passed, and the answer says what is known."""
+        uid = pod.uid
+        self.settling[uid] = self.settling.get(uid, 0) + 1
+        try:
+            return await self._fence(pod, annotations, waited)
+        finally:
+            left = self.settling.pop(uid, 1) - 1
+            if left:
+                self.settling[uid] = left
+
+    async def _fence(
+        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
+    ) -> tuple[PodInfo, set[str]]:
+        fence = {keys.WRITE_FENCE: f"{self.replica or 'accounting'}:{time.time():.3f}"}
+        backoff = SETTLE_BACKOFF
+        since = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(self.write_timeout):
+                    body = await self.kube.patch_pod_annotations(
+                        pod.namespace, pod.name, fence, pod.resource_version
+                    )
+                fenced = pod_from_object(body)
+            except kube_io.Conflict:
+                return await self._landed_or_not(pod, annotations, waited)
+            except kube_io.NotFound as exc:
+                self._forget(pod.uid)
+                self._settled("gone")
+                raise Refused(
+                    Code.POD_NOT_TRACKED, f"pod {pod.key} was deleted; its write cannot land"
+                ) from exc
+            except (TimeoutError, kube_io.KubeError, CoreError) as exc:
+                if time.monotonic() - since > SETTLE_WARN_AFTER:
+                    since = time.monotonic()
+                    log.warning(
+                        "a write whose answer did not come is not settled yet; the node waits",
+                        extra={"pod": pod.key, "error": bounded(repr(exc))},
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, SETTLE_BACKOFF_MAX)
+                continue
+            self._observe(fenced)
+            self._settled("fenced")
+            raise Refused(
+                Code.DEADLINE_EXCEEDED,
+                f"patch of pod {pod.key} did not finish in {waited:.3f}s; fenced at "
+                f"resourceVersion {pod.resource_version}: it did not land and never will",
+            )
+
+    async def _landed_or_not(
+        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
+    ) -> tuple[PodInfo, set[str]]:
+        """The fence conflicted: the pod changed after the write was sent. Read it (retrying:
+        the answer must be known) and tell whether the write is what landed."""
+        backoff = SETTLE_BACKOFF
+        while True:
+            try:
+                async with asyncio.timeout(self.write_timeout):
+                    body = await self.kube.get_pod(pod.namespace, pod.name)
+                fresh = pod_from_object(body)
+            except kube_io.NotFound as exc:
+                self._forget(pod.uid)
+                self._settled("gone")
+                raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} was deleted") from exc
+            except (TimeoutError, kube_io.KubeError, CoreError):
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, SETTLE_BACKOFF_MAX)
+                continue
+            if fresh.uid != pod.uid:
+                self._forget(pod.uid)
+                self._settled("gone")
+                raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} was recreated")
+            changed = self._observe(fresh)
+            if all(fresh.annotations.get(k) == v for k, v in annotations.items()):
+                self._settled("landed")
+                log.info(
+                    "a write whose answer did not come landed",
+                    extra={"pod": pod.key, "waited_s": round(waited, 3)},
+                )
+                return fresh, changed
+            self._settled("changed")
+            raise Refused(
+                Code.CONFLICT,
+                f"patch of pod {pod.key} did not finish in {waited:.3f}s and did not land: "
+                "the pod changed meanwhile",
+            )
+
+    def _settled(self, outcome: str) -> None:
+        if self.on_settled is not None:
+            self.on_settled(outcome)
+
     async def _patch_pod(
         self, pod: PodInfo, annotations: Mapping[str, str | None]
     ) -> tuple[PodInfo, set[str]]:
@@ -380,7 +512,7 @@ class Operations:
         rests on a pod that changed, so it is refused with `conflict` after the pod is re-read
         (the caller's next computation then sees the newer state)."""
         try:
-            return await self._patch(pod, annotations)
+            return await self._patch(pod, annotations, settle=True)
         except _Stale as exc:
             await self._refresh(pod)
             raise Refused(Code.CONFLICT, f"cannot patch pod annotations: {exc}") from exc
@@ -392,6 +524,8 @@ class Operations:
         plan: Callable[[TrackedPod], P],
         annotations_of: Callable[[P], Mapping[str, str | None]],
         unchanged: Callable[[TrackedPod, TrackedPod], bool],
+        *,
+        settle: bool = False,
     ) -> tuple[TrackedPod, P, PodInfo, set[str]]:
         """Plan and write; on a 409 re-read the pod and, while `unchanged(first, fresh)` holds,
         plan and write again (bounded by the caller's deadline and MAX_REAPPLY)."""
@@ -399,7 +533,9 @@ class Operations:
         planned = plan(current)
         for attempt in range(MAX_REAPPLY + 1):
             try:
-                written, changed = await self._patch(current.pod, annotations_of(planned))
+                written, changed = await self._patch(
+                    current.pod, annotations_of(planned), settle=settle
+                )
             except _Stale as exc:
                 fresh = await self._reread(current.pod)
                 if (
@@ -671,8 +807,10 @@ class Operations:
             # A pure phase change: safe to re-apply while the reservation is the same.
             return (before.allocated, before.to_allocate) == (after.allocated, after.to_allocate)
 
+        # Settled when its answer does not come: a late `allocating` must never land after
+        # the bind was given up (it would lock the node for a pod that is not bound there).
         _, _, written, changed = await self._write_rereading(
-            name, tracked, plan, lambda a: a, unchanged
+            name, tracked, plan, lambda a: a, unchanged, settle=True
         )
         reply = BindPhaseReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed)
@@ -938,8 +1076,13 @@ class Operations:
             deadline = deadline_of(request, received)
             _DEADLINE.set(deadline)
             if op in NO_WRITE_OPS:
+                if isinstance(request, SnapshotRequest) and request.pod_uid in self.settling:
+                    # Its write is being settled: answer what it settles to, not the state
+                    # before it (which the late write could still change).
+                    async with self._locked(name, deadline, op):
+                        pass
                 return await self._run(name, request)
-            _check_in_time(deadline, op)
+            self._in_time(deadline, op)
             async with self._locked(name, deadline, op):
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited

@@ -213,6 +213,8 @@ class AccountingService:
             self.metrics.partitions_total.set(partitions)
         self.ownership = Ownership(self.leases, takeover_wait=takeover_wait)
         self.ops.serves = self.ownership.serves
+        self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
+        self.ops.on_late = self.metrics.late_requests.inc
         self.ops.replica = self.replica
         self.ops.served_partitions = self.ownership.served if partitions else None
 

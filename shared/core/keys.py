@@ -12,6 +12,9 @@ VGPU_TIME: Final = "hami.io/vgpu-time"
 BIND_PHASE: Final = "hami.io/bind-phase"
 BIND_TIME: Final = "hami.io/bind-time"
 SCHEDULER_OWNED: Final = (VGPU_NODE, BIND_TIME, BIND_PHASE, TO_ALLOCATE, ALLOCATED, VGPU_TIME)
+WRITE_FENCE: Final = "numafit.io/write-fence"
+"""numafit's own: written by accounting at the resourceVersion of a write whose answer did not
+come in time, so that the late write can never land (its precondition then fails)."""
 
 # Pod annotations set by users.
 NUMA_ALIGNMENT: Final = "hami.io/numa-alignment"

@@ -81,23 +81,30 @@ async def test_a_move_that_did_not_land_is_not_reported_moved(
         assert refit_counter(h.refit, "uncertain_commits", outcome="not_landed") == 1
 
 
-async def test_a_write_that_outlives_accountings_deadline_is_found_and_reported_moved(
+async def test_a_write_that_outlives_accountings_deadline_is_fenced_and_never_lands(
     nats_url: str, tmp_path: Path
 ) -> None:
+    """The move's PATCH takes longer than accounting may wait for it, and the API server would
+    commit it after accounting gave up (a client-side timeout). Accounting settles it first: a
+    guarded write of its own at the same resourceVersion, so the late one fails its
+    precondition. The reply says it did not land, and it never does."""
     async with harness(nats_url, tmp_path, worked_objects()) as h:
         created = await h.pod("ml", "train")
-        # The move's PATCH takes longer than accounting may wait for it, and the API server
-        # commits it anyway after accounting gave up (a client-side timeout).
         h.emulator.faults.add(
             method="PATCH", path_regex=r"/pods/train$", delay_s=0.85, times=1, outlive_client=True
         )
         started = time.perf_counter()
         reply = await h.refit_request(request_for(created, timeoutMs=1000))
         elapsed = time.perf_counter() - started
-        assert reply["code"] == "moved", reply
+        assert reply["code"] == "deadline_exceeded", reply
+        assert "never will" in reply["failureReason"], reply
         assert elapsed < 1.0
-        assert h.refit is not None  # accounting said it gave up; the check found the write
+        assert h.refit is not None
         assert refit_counter(h.refit, "commit_attempts", result="deadline_exceeded") == 1
-        assert refit_counter(h.refit, "uncertain_commits", outcome="landed") == 1
+        # The held PATCH has been served by now: refused (409), not committed.
+        await wait_for(lambda: h.emulator.faults.in_flight == 0, within=5)
         stored = (await h.pod("ml", "train"))["metadata"]["annotations"]
-        assert stored[keys.TO_ALLOCATE] == MOVED_PENDING
+        before = created["metadata"]["annotations"]
+        assert stored[keys.TO_ALLOCATE] == before[keys.TO_ALLOCATE]
+        assert stored[keys.ALLOCATED] == before[keys.ALLOCATED]
+        assert keys.WRITE_FENCE in stored

@@ -7,21 +7,24 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.config import CoreConfig
 from shared.service.runner import run, serve_spec
 from shared.service.settings import add_common_arguments, common_from_args
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT
 from svc_scheduler.server import tls_context
 from svc_scheduler.service import SchedulerOptions, spec
-from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME
+from svc_scheduler.webhook import parse_scheduler_names
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 DESCRIPTION = """\
 The numafit scheduler: a kube-scheduler extender and the pods' admission webhook.
 
-Extender (configure kube-scheduler with svc_scheduler/deploy/scheduler-config.yaml):
+Extender (configure kube-scheduler with svc_scheduler/deploy/scheduler-config.yaml), for pods
+whose schedulerName is one of --scheduler-name (a GPU pod of any other scheduler is refused
+by /filter and /bind, and nothing is reserved or written for it):
   POST /filter      fits the pod phase-aware on every candidate node, picks one by the node
                     policy, reserves its GPUs through accounting; keeps that node only, and
                     lists why every other node cannot hold the pod (e.g. "1/2
@@ -69,9 +72,12 @@ def build_parser(prog: str = "numafit run scheduler") -> argparse.ArgumentParser
     )
     group.add_argument(
         "--scheduler-name",
-        default=env.get("NUMAFIT_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME),
-        help="schedulerName the webhook gives GPU pods: the kube-scheduler profile that uses "
-        "this extender (default %(default)s)",
+        action="append",
+        metavar="NAME[,NAME...]",
+        help="numafit's scheduler names, the kube-scheduler profiles that use this extender: "
+        "the only pods it reserves GPUs for and binds; the webhook gives GPU pods of the "
+        "default scheduler the first. Repeat it or give a comma-separated list (env "
+        f"NUMAFIT_SCHEDULER_NAME, a comma-separated list; default {DEFAULT_SCHEDULER_NAME})",
     )
     group.add_argument(
         "--node-scheduler-policy",
@@ -102,11 +108,24 @@ def build_parser(prog: str = "numafit run scheduler") -> argparse.ArgumentParser
     return parser
 
 
+def scheduler_names_from(flags: list[str] | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """numafit's scheduler names: every `--scheduler-name` given, else the environment's
+    comma-separated list, else the default (flags replace the environment, as every other
+    flag's value does; argparse's `append` would add them to a default instead)."""
+    return parse_scheduler_names(
+        flags or [env.get("NUMAFIT_SCHEDULER_NAME") or DEFAULT_SCHEDULER_NAME]
+    )
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "numafit run scheduler") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.default_gpu_num < 0:
         parser.error("--default-gpu-num must not be negative")
+    try:
+        scheduler_names = scheduler_names_from(args.scheduler_name, os.environ)
+    except ValueError as exc:
+        parser.error(f"--scheduler-name: {exc}")
     try:
         ssl_context = tls_context(args.tls_cert_file, args.tls_key_file)
     except (ValueError, OSError) as exc:
@@ -119,7 +138,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run scheduler")
     )
     options = SchedulerOptions(
         config=config,
-        scheduler_name=args.scheduler_name,
+        scheduler_names=scheduler_names,
         host=args.listen_host,
         port=args.listen_port,
         ssl_context=ssl_context,

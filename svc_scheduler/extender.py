@@ -20,6 +20,15 @@ Binding: two API writes per scheduled pod. A reservation accounting no longer ho
 unbound, or accounting restarted) fails the bind cleanly and kube-scheduler schedules the pod
 again. If the Binding fails the phase becomes `failed`, so the node's device plugin does not
 wait for a pod that will not come; the next filter reserves afresh.
+
+Only pods of numafit's own scheduler names are scheduled. kube-scheduler calls an extender for
+every profile it runs, and anyone reaching the port can call it: a GPU pod of another
+scheduler gets an `Error` from /filter (nothing is reserved) and from /bind (nothing is
+written, released or bound), and /prioritize scores it 0 everywhere; a pod asking for no GPU is
+passed through whatever its scheduler, as before (nothing is held for it). Bind reads the pod
+named by ExtenderBindingArgs before asking accounting anything (as HAMi's bind does): its
+schedulerName must be numafit's and its UID the one given, so a bind naming one pod by name and
+another by UID never touches the reservation of the pod owning that UID.
 """
 
 from __future__ import annotations
@@ -28,13 +37,18 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shared import subjects
 from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingUnavailable
 from shared.codes import SCHEDULER_RETRY, Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, total
+from shared.core.admission import (
+    DEFAULT_SCHEDULER_NAME,
+    other_scheduler_message,
+    pod_scheduler_name,
+)
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.fit import FitOptions, fit_options
@@ -101,8 +115,9 @@ REMEMBERED_RESERVATIONS = 4096
 """Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
 the annotations its own filter wrote)."""
 
-# Filter results (metric label values).
+# Filter results (metric label values); OTHER_SCHEDULER is a bind result too.
 FIT, NO_FIT, NOT_GPU, ERROR = "fit", "no_fit", "not_gpu", "error"
+OTHER_SCHEDULER = "other_scheduler"
 RETRY_CODES: Final[frozenset[Code]] = SCHEDULER_RETRY
 """Refusals that mean the read model was behind accounting's ledger: recompute on fresh state
 (`no_fit`: accounting's own fit re-check found the space taken by a concurrent commit)."""
@@ -125,6 +140,7 @@ class Extender:
         max_attempts: int = MAX_ATTEMPTS,
         supervisor: Supervisor | None = None,
         topology: TopologyState | None = None,
+        scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,),
     ) -> None:
         self.read_model = read_model
         self.accounting = accounting
@@ -133,6 +149,10 @@ class Extender:
         self.metrics = metrics or SchedulerMetrics()
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
+        if not scheduler_names:
+            raise ValueError("the extender needs at least one scheduler name")
+        self.scheduler_names = scheduler_names
+        """The kube-scheduler profiles numafit schedules for: the only pods reserved or bound."""
         self._reserved: OrderedDict[str, str] = OrderedDict()
         self.topology = topology if topology is not None else TopologyState()
         """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
@@ -167,6 +187,12 @@ class Extender:
             return error_filter_result(args, str(exc)), ERROR
         if all(r is None for r in requests):
             return filter_result(args, list(args.names)), NOT_GPU
+        refusal = self._other_scheduler(args.pod, pod)
+        if refusal is not None:
+            # Before anything is read or reserved: a hold for it would take GPUs from
+            # numafit's own pods, renewed by every filter its scheduler sends.
+            log.info("pod of another scheduler refused", extra={"pod": pod.key})
+            return error_filter_result(args, refusal), OTHER_SCHEDULER
         try:
             return await self._filter_gpu_pod(args, pod, requests)
         except FilterError as exc:
@@ -237,6 +263,13 @@ class Extender:
             f"pod {pod.key}: every reservation lost a race with another change "
             f"({self.max_attempts} attempts)"
         )
+
+    def _other_scheduler(self, obj: Mapping[str, Any], pod: PodInfo) -> str | None:
+        """Why the pod is not numafit's to schedule, or None when its schedulerName is."""
+        name = pod_scheduler_name(obj)
+        if name in self.scheduler_names:
+            return None
+        return other_scheduler_message(pod.key, name, self.scheduler_names)
 
     def _place(
         self,
@@ -418,7 +451,7 @@ class Extender:
             options = fit_options(pod.annotations, self.config)
         except CoreError:
             return host_priority_list(scores)
-        if all(r is None for r in requests):
+        if all(r is None for r in requests) or self._other_scheduler(args.pod, pod) is not None:
             return host_priority_list(scores)
         reserved = self._reserved.get(pod.uid) or (
             pod.annotations.get(keys.VGPU_NODE) if keys.ALLOCATED in pod.annotations else None
@@ -450,6 +483,11 @@ class Extender:
             return binding_result(f"ExtenderBindingArgs: {exc}"), "invalid_request"
         key = f"{args.pod_namespace}/{args.pod_name}"
         deadline = Deadline.after_ms(self.request_timeout * 1000)
+        refused = await self._check_bind(args, deadline)
+        if refused is not None:
+            label, message = refused
+            log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
+            return binding_result(message), label
         try:
             reply = await self.accounting.ask(
                 BindPhaseRequest(pod_uid=args.pod_uid, phase=keys.PHASE_ALLOCATING, node=args.node),
@@ -480,6 +518,37 @@ class Extender:
         await self._bind_failed(args, deadline)
         self._record_event(args, "Warning", "BindingFailed", error)
         return binding_result(error), "binding_failed"
+
+    async def _check_bind(self, args: BindingArgs, deadline: Deadline) -> tuple[str, str] | None:
+        """(metric label, message) when the bind must not happen; None when the pod named by
+        namespace and name has the UID given and one of numafit's scheduler names.
+
+        Checked before accounting is asked anything: bind-phase acts on the reservation of the
+        UID, so a bind naming another pod would write (and, once its Binding failed, mark
+        `failed`) the reservation of a pod it does not name."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        if self.kube is None:
+            return "binding_failed", "no Kubernetes client configured"
+        try:
+            async with asyncio.timeout(self._bind_budget(deadline, FAILURE_RESERVE)):
+                body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
+        except kube_io.NotFound:
+            return Code.POD_NOT_TRACKED.value, f"cannot bind pod {key}: it does not exist"
+        except (TimeoutError, FilterError):
+            return Code.DEADLINE_EXCEEDED.value, f"cannot bind pod {key}: reading it timed out"
+        except kube_io.KubeError as exc:
+            return Code.API_ERROR.value, f"cannot bind pod {key}: {str(exc)[:300]}"
+        meta = body.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if uid != args.pod_uid:
+            return Code.POD_MISMATCH.value, (
+                f"cannot bind pod {key} to node {args.node}: {Code.POD_MISMATCH}: the pod has "
+                f"uid {subjects.shown(str(uid))}, not {args.pod_uid}"
+            )
+        name = pod_scheduler_name(body)
+        if name not in self.scheduler_names:
+            return OTHER_SCHEDULER, other_scheduler_message(key, name, self.scheduler_names)
+        return None
 
     def _bind_budget(self, deadline: Deadline, keep: float = 0.0) -> float:
         """What one step of a bind may take: the rest of the deadline less `keep` (the part
@@ -518,6 +587,9 @@ class Extender:
             body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
         except kube_io.KubeError:
             return None
+        meta = body.get("metadata") or {}
+        if meta.get("uid") != args.pod_uid:
+            return None  # another pod under the same name: whatever binds it, not this bind
         spec = body.get("spec") or {}
         node = spec.get("nodeName")
         return node if isinstance(node, str) else None

@@ -59,7 +59,8 @@ class SchedulerMetrics:
         self.filter_total = Counter(
             "numafit_scheduler_filter",
             "Extender /filter calls by result: fit (reserved on a node), no_fit (no candidate "
-            "holds the pod), not_gpu (passed through), error (Error set in the answer).",
+            "holds the pod), not_gpu (passed through), other_scheduler (a GPU pod of another "
+            "scheduler, refused), error (Error set in the answer).",
             ["result"],
             registry=self.registry,
         )

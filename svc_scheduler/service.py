@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.accounting_client import AccountingClient
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.config import CoreConfig
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
@@ -26,7 +27,7 @@ from svc_scheduler.read_model import ReadModel
 from svc_scheduler.server import SchedulerHttp
 from svc_scheduler.topology import TopologyState
 from svc_scheduler.topology_watch import TopologyWatch
-from svc_scheduler.webhook import DEFAULT_SCHEDULER_NAME, PodAdmission, kube_quota_source
+from svc_scheduler.webhook import PodAdmission, kube_quota_source, parse_scheduler_names
 
 if TYPE_CHECKING:
     import ssl
@@ -49,8 +50,9 @@ class SchedulerOptions:
     """What `numafit run scheduler` takes beyond the common flags."""
 
     config: CoreConfig = field(default_factory=CoreConfig)
-    scheduler_name: str = DEFAULT_SCHEDULER_NAME
-    """schedulerName the webhook gives GPU pods."""
+    scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,)
+    """numafit's kube-scheduler profiles: the only pods the extender reserves for and binds;
+    the webhook gives GPU pods of the default scheduler the first."""
     host: str = "0.0.0.0"
     """Address of the extender and webhook listener."""
     port: int = 8888
@@ -74,7 +76,7 @@ def spec(options: SchedulerOptions | None = None) -> ServiceSpec[SchedulerServic
             config=chosen.config,
             metrics=SchedulerMetrics(registry),
             readiness=readiness,
-            scheduler_name=chosen.scheduler_name,
+            scheduler_names=chosen.scheduler_names,
             host=chosen.host,
             port=chosen.port,
             ssl_context=chosen.ssl_context,
@@ -93,13 +95,14 @@ class SchedulerService:
         config: CoreConfig | None = None,
         metrics: SchedulerMetrics | None = None,
         readiness: Readiness | None = None,
-        scheduler_name: str = DEFAULT_SCHEDULER_NAME,
+        scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,),
         host: str = "0.0.0.0",
         port: int = 8888,
         ssl_context: ssl.SSLContext | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
         self.config = config or CoreConfig()
+        self.scheduler_names = parse_scheduler_names(scheduler_names)
         self.metrics = metrics or SchedulerMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
         self.supervisor = Supervisor("scheduler", on_fatal=self.readiness.fail)
@@ -123,10 +126,11 @@ class SchedulerService:
             request_timeout=request_timeout,
             supervisor=self.supervisor,
             topology=self.topology.state,
+            scheduler_names=self.scheduler_names,
         )
         self.admission = PodAdmission(
             config=self.config,
-            scheduler_name=scheduler_name,
+            scheduler_names=self.scheduler_names,
             quota_source=kube_quota_source(kube, self.config) if kube is not None else None,
             metrics=self.metrics,
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
@@ -27,7 +27,12 @@ import orjson
 from msgspec import field
 
 from shared import subjects
-from shared.core.admission import AdmissionDecision, asks_for_gpus, review_pod_creation
+from shared.core.admission import (
+    DEFAULT_SCHEDULER_NAME,
+    AdmissionDecision,
+    asks_for_gpus,
+    review_pod_creation,
+)
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.quota import QuotaLimit, limits_from_quotas
@@ -40,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("numafit.scheduler")
 
-DEFAULT_SCHEDULER_NAME = "numafit-scheduler"
 REVIEW_API_VERSION = "admission.k8s.io/v1"
 
 QUOTA_LOOKUP_TIMEOUT = 2.0
@@ -72,6 +76,26 @@ def kube_quota_source(kube: Kube, config: CoreConfig) -> QuotaSource:
     return limits
 
 
+def parse_scheduler_names(values: Iterable[str]) -> tuple[str, ...]:
+    """numafit's scheduler names from `values`, each one name or a comma-separated list, in
+    order, without repeats; `ValueError` when there is none or one is no Kubernetes name (the
+    API server refuses such a schedulerName, so no pod could ever carry it)."""
+    names: dict[str, None] = {}
+    for value in values:
+        for part in value.split(","):
+            name = part.strip()
+            if not name:
+                continue
+            if not subjects.valid_name(name):
+                raise ValueError(
+                    f"scheduler name {subjects.shown(name)} is not a DNS-1123 subdomain"
+                )
+            names[name] = None
+    if not names:
+        raise ValueError("at least one scheduler name is needed")
+    return tuple(names)
+
+
 class PodAdmission:
     """Decides pod admissions; shared by the HTTP webhook and the emulator's hook."""
 
@@ -79,12 +103,13 @@ class PodAdmission:
         self,
         *,
         config: CoreConfig | None = None,
-        scheduler_name: str = DEFAULT_SCHEDULER_NAME,
+        scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,),
         quota_source: QuotaSource | None = None,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
         self.config = config or CoreConfig()
-        self.scheduler_name = scheduler_name
+        self.scheduler_names = parse_scheduler_names(scheduler_names)
+        """numafit's names: a GPU pod of the default scheduler gets the first."""
         self.quota_source = quota_source
         self.metrics = metrics or SchedulerMetrics()
 
@@ -100,7 +125,7 @@ class PodAdmission:
                 pod,
                 namespace=namespace,
                 config=self.config,
-                scheduler_name=self.scheduler_name,
+                scheduler_names=self.scheduler_names,
                 quota=limit,
             )
         self._count(decision)

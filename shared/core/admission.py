@@ -10,7 +10,8 @@ Refusals, each naming the annotation or resource and the value at fault:
   instead of staying Pending forever.
 
 Mutation (JSON Patch, applied only to admitted GPU pods that use the default scheduler or
-numafit's): the numafit scheduler name; the GPU count `defaultGPUNum` injected when a container
+one of numafit's): the numafit scheduler name (the first of numafit's names, unless the pod
+already names one of them); the GPU count `defaultGPUNum` injected when a container
 names GPU memory or cores but no count; cores forced to 100 (exclusive) when a container asks
 for a whole card without naming cores (reference d.1). Privileged containers are skipped, as
 HAMi does: they see every GPU anyway.
@@ -36,7 +37,13 @@ if TYPE_CHECKING:
     from shared.core.quota import QuotaLimit
 
 DEFAULT_SCHEDULER = "default-scheduler"
+"""What the API server gives a pod that names no scheduler."""
+DEFAULT_SCHEDULER_NAME = "numafit-scheduler"
+"""numafit's scheduler name when none is configured: the kube-scheduler profile with numafit's
+extender, which the webhook gives GPU pods, and the only pods the extender schedules."""
 WHOLE_CARD_CORES = 100
+SHOWN_SCHEDULER_NAME = 64
+"""Characters of a pod's schedulerName quoted in a refusal (the rest is cut)."""
 
 # Reasons (metric labels and log fields).
 ALLOWED = "allowed"
@@ -202,9 +209,10 @@ def _whole_card(container: Mapping[str, Any], config: CoreConfig) -> bool:
 
 
 def mutation(
-    pod: Mapping[str, Any], config: CoreConfig, scheduler_name: str
+    pod: Mapping[str, Any], config: CoreConfig, scheduler_names: tuple[str, ...]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The JSON Patch for a GPU pod and the pod as it looks once the patch is applied."""
+    """The JSON Patch for a GPU pod and the pod as it looks once the patch is applied: a pod
+    of none of `scheduler_names` gets the first."""
     ops: list[dict[str, Any]] = []
     patched: dict[str, Any] = copy.deepcopy(dict(pod))
     for key, index, container in _containers(pod):
@@ -244,16 +252,40 @@ def mutation(
             target["resources"]["limits"][name] = value
     spec = pod.get("spec")
     current = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-    if current != scheduler_name:
+    if current not in scheduler_names:
+        # Already one of numafit's profiles (several may share the extender): left as it is.
+        scheduler_name = scheduler_names[0]
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
         patched.setdefault("spec", {})["schedulerName"] = scheduler_name
     return ops, patched
 
 
-def uses_other_scheduler(pod: Mapping[str, Any], scheduler_name: str) -> bool:
+def pod_scheduler_name(pod: Mapping[str, Any]) -> str:
+    """The pod's `spec.schedulerName`, as the API server stores it: `default-scheduler` when
+    the pod names none (or not as a string)."""
     spec = pod.get("spec")
     name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-    return bool(name) and name not in (DEFAULT_SCHEDULER, scheduler_name)
+    return name if isinstance(name, str) and name else DEFAULT_SCHEDULER
+
+
+def other_scheduler_message(key: str, name: str, scheduler_names: tuple[str, ...]) -> str:
+    """Why numafit refuses pod `key`, whose schedulerName `name` is none of `scheduler_names`.
+
+    An extender is called for every profile of the kube-scheduler configured with it, and
+    /filter and /bind can be called by anyone reaching the port: a pod of another scheduler
+    placed by numafit would hold GPUs (and be bound) without its scheduler knowing."""
+    quoted = name if len(name) <= SHOWN_SCHEDULER_NAME else name[:SHOWN_SCHEDULER_NAME] + "..."
+    return (
+        f"pod {key} has schedulerName {quoted!r}, not one of numafit's "
+        f"({', '.join(scheduler_names)}): numafit does not schedule it"
+    )
+
+
+def uses_other_scheduler(pod: Mapping[str, Any], scheduler_names: tuple[str, ...]) -> bool:
+    """A scheduler other than the default one and numafit's: the webhook leaves the pod be."""
+    spec = pod.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return bool(name) and name != DEFAULT_SCHEDULER and name not in scheduler_names
 
 
 def review_pod_creation(
@@ -261,10 +293,11 @@ def review_pod_creation(
     *,
     namespace: str,
     config: CoreConfig,
-    scheduler_name: str,
+    scheduler_names: tuple[str, ...],
     quota: QuotaLimit | None = None,
 ) -> AdmissionDecision:
-    """Decide the creation of one Pod (its JSON object as the API server received it)."""
+    """Decide the creation of one Pod (its JSON object as the API server received it);
+    `scheduler_names`: numafit's, the first the one given to GPU pods."""
     if not isinstance(pod, Mapping):
         return _deny(INVALID_POD, "the object is not a Pod")
     meta = pod.get("metadata")
@@ -278,7 +311,7 @@ def review_pod_creation(
             "scheduler and may not be set when a pod is created",
             403,
         )
-    if not asks_for_gpus(pod, config) or uses_other_scheduler(pod, scheduler_name):
+    if not asks_for_gpus(pod, config) or uses_other_scheduler(pod, scheduler_names):
         return AdmissionDecision(True)
     try:
         parse_alignment(_text(annotations.get(keys.NUMA_ALIGNMENT)))
@@ -288,7 +321,7 @@ def review_pod_creation(
         parse_scoring_weights(_text(annotations.get(keys.SCORING_WEIGHTS)))
     except AnnotationError as exc:
         return _deny(INVALID_SCORING_WEIGHTS, str(exc))
-    ops, patched = mutation(pod, config, scheduler_name)
+    ops, patched = mutation(pod, config, scheduler_names)
     try:
         info = pod_from_object(_with_placeholder_uid(patched))
     except ObjectError as exc:

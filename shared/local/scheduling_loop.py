@@ -34,6 +34,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.service import kube_io
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("numafit.up.scheduler")
 
-SCHEDULER_NAME = "numafit-scheduler"
-"""The profile whose pods the loop schedules: what the webhook gives GPU pods."""
+SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
+"""The profile whose pods the loop schedules: what the webhook gives GPU pods, and one of the
+names the extender schedules for (it refuses pods of any other scheduler)."""
 MANAGED_RESOURCES = frozenset(
     {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
 )

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
 
+NUMAFIT = "numafit-scheduler"
+"""The scheduler name numafit schedules by default (DEFAULT_SCHEDULER_NAME)."""
+
 
 @dataclass
 class Stack:
@@ -122,9 +125,12 @@ def pending_pod(
     annotations: dict[str, str] | None = None,
     containers: list[dict[str, Any]] | None = None,
     init: list[dict[str, Any]] | None = None,
+    scheduler: str | None = NUMAFIT,
 ) -> dict[str, Any]:
-    """An unscheduled GPU pod, ready to create."""
-    return for_create(
+    """An unscheduled GPU pod, ready to create, of `scheduler`: by default numafit's own, as
+    the webhook would have routed it; None names none, as a user's manifest (the emulator
+    then gives it `default-scheduler`)."""
+    body = for_create(
         pod(
             name,
             containers=containers or [container("main", 1, mem, cores)],
@@ -134,6 +140,9 @@ def pending_pod(
             annotations=annotations,
         )
     )
+    if scheduler is not None:
+        body["spec"]["schedulerName"] = scheduler
+    return body
 
 
 def reserved_pod(name: str, node_name: str, allocated: str) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def gpu_pod(
 
 def review(pod: Any, quota: QuotaLimit | None = None, **config: Any) -> adm.AdmissionDecision:
     return review_pod_creation(
-        pod, namespace="ml", config=CoreConfig(**config), scheduler_name=NAME, quota=quota
+        pod, namespace="ml", config=CoreConfig(**config), scheduler_names=(NAME,), quota=quota
     )
 
 

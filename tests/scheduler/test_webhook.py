@@ -50,7 +50,7 @@ async def answer(s: Stack, body: dict[str, Any], path: str = "/webhook") -> dict
 
 async def test_gpu_pod_is_allowed_with_a_json_patch(nats_url: str, tmp_path: Path) -> None:
     async with stack(nats_url, tmp_path, two_nodes()) as s:
-        pod = pending_pod("train", containers=[container("main", None, 20000)])
+        pod = pending_pod("train", containers=[container("main", None, 20000)], scheduler=None)
         response = await answer(s, review(pod))
         assert response["allowed"] is True
         assert response["patchType"] == "JSONPatch"

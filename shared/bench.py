@@ -40,6 +40,7 @@ from shared import bench_echo, messages, subjects
 from shared.accounting_client import AccountingClient
 from shared.codes import Code
 from shared.core import codec, keys
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.model import DeviceInfo
 from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
@@ -88,6 +89,8 @@ def _pod(name: str, node: str, uuid: str | None, mem: int = 1000) -> dict[str, A
         "metadata": {"name": name, "namespace": "bench", "annotations": annotations},
         "spec": {
             "nodeName": node if uuid is not None else None,
+            # Routed to numafit as its webhook would (the extender schedules only its own pods).
+            "schedulerName": DEFAULT_SCHEDULER_NAME,
             "containers": [
                 {
                     "name": "app",

@@ -551,6 +551,10 @@ class BindPhaseRequest(AccountingRequest, frozen=True, kw_only=True):
     pod_uid: str = field(name="podUID")
     phase: str
     node: str
+    pod_namespace: str = ""
+    pod_name: str = ""
+    """The pod the caller means (ExtenderBindingArgs' PodNamespace/PodName); when given,
+    accounting refuses a UID whose pod is another (`pod_mismatch`) before writing anything."""
 
 
 class BindPhaseReply(AccountingReply, frozen=True, kw_only=True):

@@ -762,6 +762,15 @@ class Operations:
     async def bind_phase(self, name: str, r: BindPhaseRequest) -> Outcome:
         node = self._known(name)
         tracked = self._tracked_here(node, r.pod_uid)
+        named = (r.pod_namespace, r.pod_name)
+        if any(named) and named != (tracked.pod.namespace, tracked.pod.name):
+            # The extender checks this too; accounting refuses it on its own, before anything
+            # is written or a hold released, so that no caller marks another pod's reservation.
+            raise Refused(
+                Code.POD_MISMATCH,
+                f"pod {shown(r.pod_uid)} is {tracked.pod.key}, not "
+                f"{shown(r.pod_namespace)}/{shown(r.pod_name)}",
+            )
         phase = r.phase
         allowed = (keys.PHASE_ALLOCATING, keys.PHASE_SUCCESS, keys.PHASE_FAILED)
         if phase not in allowed:

@@ -419,6 +419,7 @@ class Extender:
             pod_namespace=pod.namespace,
             pod_name=pod.name,
             revision=view.revision,
+            epoch=view.epoch or None,  # fencing: the revision counts in this epoch only
             allocated=allocated,
             node=node,
         )
@@ -490,7 +491,13 @@ class Extender:
             return binding_result(message), label
         try:
             reply = await self.accounting.ask(
-                BindPhaseRequest(pod_uid=args.pod_uid, phase=keys.PHASE_ALLOCATING, node=args.node),
+                BindPhaseRequest(
+                    pod_uid=args.pod_uid,
+                    phase=keys.PHASE_ALLOCATING,
+                    node=args.node,
+                    pod_namespace=args.pod_namespace,
+                    pod_name=args.pod_name,
+                ),
                 BindPhaseReply,
                 self._bind_budget(deadline, FAILURE_RESERVE),
             )
@@ -597,7 +604,13 @@ class Extender:
     async def _bind_failed(self, args: BindingArgs, deadline: Deadline) -> None:
         try:
             await self.accounting.ask(
-                BindPhaseRequest(pod_uid=args.pod_uid, phase=keys.PHASE_FAILED, node=args.node),
+                BindPhaseRequest(
+                    pod_uid=args.pod_uid,
+                    phase=keys.PHASE_FAILED,
+                    node=args.node,
+                    pod_namespace=args.pod_namespace,
+                    pod_name=args.pod_name,
+                ),
                 BindPhaseReply,
                 self._bind_budget(deadline),
             )

@@ -31,6 +31,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.kubelet_emulator import (
     KubeletConfig,
     KubeletEmulator,
@@ -147,7 +148,11 @@ def workload(number: int, rng: random.Random, namespace: str) -> dict[str, Any]:
     kind = rng.choice(["plain", "plain", "init", "sidecar"])
     mem = rng.choice([4000, 8000, 12000, 16000])
     annotations = {"hami.io/numa-alignment": alignment} if alignment else {}
-    spec: dict[str, Any] = {"containers": [_container("main", mem, rng.choice([10, 20, 30]), 2)]}
+    spec: dict[str, Any] = {
+        # Routed to numafit as its webhook would (the extender schedules only its own pods).
+        "schedulerName": DEFAULT_SCHEDULER_NAME,
+        "containers": [_container("main", mem, rng.choice([10, 20, 30]), 2)],
+    }
     if kind == "init":
         spec["initContainers"] = [_container("prepare", mem * 2, 40, 1)]
     elif kind == "sidecar":

@@ -22,6 +22,7 @@ import orjson
 
 from shared import subjects
 from shared.accounting_client import AccountingUnavailable
+from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn
@@ -274,8 +275,10 @@ class Hostile:
 
 
 def pending_gpu_pod(name: str) -> dict[str, Any]:
-    """A GPU pod not scheduled yet."""
-    return pod(name, containers=[container("main", 1, 5000, 5)], namespace="ml", node_name="")
+    """A GPU pod not scheduled yet, routed to numafit (as its webhook would)."""
+    body = pod(name, containers=[container("main", 1, 5000, 5)], namespace="ml", node_name="")
+    body["spec"]["schedulerName"] = DEFAULT_SCHEDULER_NAME
+    return body
 
 
 async def _open(

@@ -3,11 +3,14 @@
 Refusals, each naming the annotation or resource and the value at fault:
 - a scheduler-owned annotation (`hami.io/vgpu-node`, the allocation annotations, bind phase and
   times) set at creation: it would make accounting adopt a reservation nobody made (any pod);
-- for pods asking for GPU resources: an invalid `hami.io/numa-alignment` or
-  `hami.io/device-scoring-weights`, a GPU request the scheduler could never derive (a
-  non-integer memory, say), and a pod whose phase-aware need alone exceeds its namespace's
-  GPU quota (reference e.5): such a pod could never be scheduled, so it is refused at once
-  instead of staying Pending forever.
+- for pods asking for GPU resources: any annotation or GPU resource numafit reads whose value
+  breaks its rule in `inputs` (an unknown `hami.io/gpu-scheduler-policy`, an invalid
+  `hami.io/numa-alignment`, `nvidia.com/gpucores: 101`, a non-integer memory, ...: values
+  HAMi would clamp or ignore included), read through the same `fit_options` and
+  `pod_requests` as the extender's filter, so both refuse the same values in the same words;
+  and a pod whose phase-aware need alone exceeds its namespace's GPU quota (reference e.5):
+  such a pod could never be scheduled, so it is refused at once instead of staying Pending
+  forever.
 
 Mutation (JSON Patch, applied only to admitted GPU pods that use the default scheduler or
 one of numafit's): the numafit scheduler name (the first of numafit's names, unless the pod
@@ -24,11 +27,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shared.core import keys
-from shared.core.errors import AnnotationError, CoreError, ObjectError, RequestError
+from shared.core import inputs, keys
+from shared.core.errors import (
+    AnnotationError,
+    CoreError,
+    ObjectError,
+    PodAnnotationError,
+    RequestError,
+    shown,
+)
+from shared.core.fit import fit_options
 from shared.core.model import ContainerKind, Usage
-from shared.core.pods import parse_alignment, pod_from_object
-from shared.core.policy import parse_scoring_weights
+from shared.core.pods import pod_from_object
 from shared.core.quantity import parse_quantity
 from shared.core.requests import ContainerRequest, asks_for_gpu, pod_requests
 
@@ -50,6 +60,7 @@ ALLOWED = "allowed"
 OWNED_ANNOTATION = "scheduler_owned_annotation"
 INVALID_NUMA_ALIGNMENT = "invalid_numa_alignment"
 INVALID_SCORING_WEIGHTS = "invalid_scoring_weights"
+INVALID_ANNOTATION = "invalid_annotation"
 INVALID_REQUEST = "invalid_request"
 QUOTA_EXCEEDED = "quota_exceeded"
 INVALID_POD = "invalid_pod"
@@ -307,20 +318,19 @@ def review_pod_creation(
     if owned:
         return _deny(
             OWNED_ANNOTATION,
-            f"annotation {owned[0]}={annotations[owned[0]]!r} is written by the numafit "
+            f"annotation {owned[0]}={shown(annotations[owned[0]])} is written by the numafit "
             "scheduler and may not be set when a pod is created",
             403,
         )
     if not asks_for_gpus(pod, config) or uses_other_scheduler(pod, scheduler_names):
         return AdmissionDecision(True)
+    read = {key: _text(annotations[key]) for key in inputs.READ_ANNOTATIONS if key in annotations}
     try:
-        parse_alignment(_text(annotations.get(keys.NUMA_ALIGNMENT)))
+        # The very reading the filter does, so that both refuse the same values (inputs.py).
+        fit_options(read, config)
     except AnnotationError as exc:
-        return _deny(INVALID_NUMA_ALIGNMENT, str(exc))
-    try:
-        parse_scoring_weights(_text(annotations.get(keys.SCORING_WEIGHTS)))
-    except AnnotationError as exc:
-        return _deny(INVALID_SCORING_WEIGHTS, str(exc))
+        key = exc.key if isinstance(exc, PodAnnotationError) else ""
+        return _deny(_ANNOTATION_REASONS.get(key, INVALID_ANNOTATION), str(exc))
     ops, patched = mutation(pod, config, scheduler_names)
     try:
         info = pod_from_object(_with_placeholder_uid(patched))
@@ -336,8 +346,18 @@ def review_pod_creation(
     return AdmissionDecision(True, patch=tuple(ops))
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+_ANNOTATION_REASONS = {
+    keys.NUMA_ALIGNMENT: INVALID_NUMA_ALIGNMENT,
+    keys.SCORING_WEIGHTS: INVALID_SCORING_WEIGHTS,
+}
+"""Refusal reasons of their own (older than INVALID_ANNOTATION, kept for dashboards)."""
+
+
+def _text(value: Any) -> str:
+    # The API server decodes annotations into strings (a JSON null becomes "").
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
 
 
 def _with_placeholder_uid(pod: dict[str, Any]) -> dict[str, Any]:

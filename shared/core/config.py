@@ -10,11 +10,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from shared.core.errors import ConfigError
+from shared.core.errors import ConfigError, shown
 from shared.core.policy import check_gpu_policy
 
 NODE_POLICIES = ("binpack", "spread")
 """The node policies (HAMi `--node-scheduler-policy`)."""
+MAX_DEFAULT_CORES = 100
+"""`defaultCores` stands in for a pod's `nvidia.com/gpucores`, a percent of one GPU."""
+
+
+def check_node_policy(text: str) -> str | None:
+    """Why `text` is not a node policy (None when it is): `binpack` or `spread`, case and
+    surrounding spaces ignored. The configured default and the pod annotation keep the same
+    rule (HAMi reads anything but spread as binpack, which hides a typo)."""
+    if text.strip().lower() in NODE_POLICIES:
+        return None
+    return f"{shown(text)} is not a node policy: use {' or '.join(NODE_POLICIES)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +88,8 @@ def parse_config(raw: Mapping[str, Any] | None) -> CoreConfig:
         raise ConfigError("config 'memoryFactor' must be at least 1")
     if (why := check_gpu_policy(config.gpu_scheduler_policy)) is not None:
         raise ConfigError(f"config 'gpuSchedulerPolicy': {why}")
-    if config.node_scheduler_policy.strip().lower() not in NODE_POLICIES:
-        raise ConfigError(
-            f"config 'nodeSchedulerPolicy': {config.node_scheduler_policy!r} is not a node "
-            f"policy: use {' or '.join(NODE_POLICIES)}"
-        )
+    if (why := check_node_policy(config.node_scheduler_policy)) is not None:
+        raise ConfigError(f"config 'nodeSchedulerPolicy': {why}")
+    if config.default_cores > MAX_DEFAULT_CORES:
+        raise ConfigError(f"config 'defaultCores' must be at most {MAX_DEFAULT_CORES}")
     return config

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.core import keys
+from shared.core import inputs, keys
 from shared.core.codec import parse_go_bool, parse_uuid_list
 from shared.core.model import (
     ContainerDevice,
@@ -85,6 +85,10 @@ _OPTION_KEYS = (
     keys.NOUSE_TYPE,
     keys.VGPU_MODE,
     keys.SCORING_WEIGHTS,
+    # Not fit settings, but read from the same pods: checked here so that the filter (which
+    # reads the pod's settings only through fit_options) refuses what the webhook refuses.
+    keys.NODE_POLICY,
+    keys.NUMA_ALIGNMENT,
 )
 OPTIONS_CACHE = 1024
 """Distinct settings remembered: most pods carry none of these annotations, or a few shapes."""
@@ -93,7 +97,8 @@ OPTIONS_CACHE_LENGTH = 4096
 
 
 def fit_options(annotations: Mapping[str, str], config: CoreConfig) -> FitOptions:
-    """Read the pod's fit settings; raises AnnotationError for invalid scoring weights."""
+    """Read the pod's fit settings; raises PodAnnotationError naming the first annotation
+    numafit reads whose value breaks its rule (`inputs`), node policy and alignment included."""
     values = tuple(annotations.get(key) for key in _OPTION_KEYS)
     default = config.gpu_scheduler_policy
     if sum(len(v) for v in values if v) + len(default) > OPTIONS_CACHE_LENGTH:
@@ -102,9 +107,10 @@ def fit_options(annotations: Mapping[str, str], config: CoreConfig) -> FitOption
 
 
 def _parse_options(values: tuple[str | None, ...], default_policy: str) -> FitOptions:
-    policy, numa_bind, use_uuids, nouse_uuids, use_types, nouse_types, mode, weights = values
+    inputs.check_annotations(dict(zip(_OPTION_KEYS, values, strict=True)))
+    policy, numa_bind, use_uuids, nouse_uuids, use_types, nouse_types, mode, weights = values[:8]
     return FitOptions(
-        policy=parse_policy(policy or default_policy),
+        policy=parse_policy(default_policy if policy is None else policy),
         numa_bind=parse_go_bool((numa_bind or "").strip()) is True,
         use_uuids=parse_uuid_list(use_uuids),
         nouse_uuids=parse_uuid_list(nouse_uuids),

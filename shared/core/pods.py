@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.core.errors import AnnotationError, ObjectError
+from shared.core.errors import AnnotationError, ObjectError, shown
 from shared.core.keys import NUMA_ALIGNMENT, VGPU_NODE
 from shared.core.model import ContainerKind
 
@@ -181,5 +181,5 @@ def parse_alignment(value: str | None) -> Alignment | None:
         if normalized == mode.value:
             return mode
     raise AnnotationError(
-        f"{NUMA_ALIGNMENT} value {value!r} is invalid: use 'best-effort' or 'strict'"
+        f"{NUMA_ALIGNMENT} value {shown(value)} is invalid: use 'best-effort' or 'strict'"
     )

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.core.errors import AnnotationError
-from shared.core.keys import SCORE_WEIGHT_FACTOR, SCORING_WEIGHTS
+from shared.core.errors import AnnotationError, shown
+from shared.core.keys import INT32_MAX, SCORE_WEIGHT_FACTOR, SCORING_WEIGHTS
 from shared.core.model import DeviceUsage
 
 if TYPE_CHECKING:
@@ -30,31 +30,43 @@ class ScoringWeights:
 _WEIGHT_KEYS = ("slot", "core", "memory")
 
 
+MAX_WEIGHT = INT32_MAX
+"""A weight multiplies a ratio of at most a few units: larger ones only overflow (HAMi's are
+Go ints), and Python's int() refuses over 4300 digits with a bare ValueError."""
+
+
 def parse_scoring_weights(text: str | None) -> ScoringWeights:
     """Exactly three `key=value` items `slot`, `core`, `memory` in any order, no duplicates,
-    non-negative integers, at least one positive. None means the default."""
+    integers 0 to MAX_WEIGHT, at least one positive. None means the default."""
     if text is None:
         return ScoringWeights()
     values: dict[str, int] = {}
     items = text.split(",")
+    quoted = shown(text)
     if len(items) != 3:
         raise AnnotationError(
-            f"{SCORING_WEIGHTS} {text!r}: need exactly three items slot=,core=,memory="
+            f"{SCORING_WEIGHTS} {quoted}: need exactly three items slot=,core=,memory="
         )
     for item in items:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or key not in _WEIGHT_KEYS:
-            raise AnnotationError(f"{SCORING_WEIGHTS} {text!r}: bad item {item.strip()!r}")
+            raise AnnotationError(f"{SCORING_WEIGHTS} {quoted}: bad item {shown(item.strip())}")
         if key in values:
-            raise AnnotationError(f"{SCORING_WEIGHTS} {text!r}: {key!r} given twice")
-        if not value.isascii() or not value.isdigit():
+            raise AnnotationError(f"{SCORING_WEIGHTS} {quoted}: {key!r} given twice")
+        digits = value.lstrip("0") or "0"
+        if (
+            not value.isascii()
+            or not value.isdigit()
+            or len(digits) > len(str(MAX_WEIGHT))
+            or int(digits) > MAX_WEIGHT
+        ):
             raise AnnotationError(
-                f"{SCORING_WEIGHTS} {text!r}: {key} must be a non-negative integer"
+                f"{SCORING_WEIGHTS} {quoted}: {key} must be an integer from 0 to {MAX_WEIGHT}"
             )
-        values[key] = int(value)
+        values[key] = int(digits)
     if not any(values.values()):
-        raise AnnotationError(f"{SCORING_WEIGHTS} {text!r}: at least one weight must be positive")
+        raise AnnotationError(f"{SCORING_WEIGHTS} {quoted}: at least one weight must be positive")
     return ScoringWeights(values["slot"], values["core"], values["memory"])
 
 
@@ -104,15 +116,16 @@ GPU_POLICY_WORDS = ("binpack", "spread", "numa", "mutex", "topology-aware")
 
 def check_gpu_policy(text: str) -> str | None:
     """Why `text` is not a GPU policy (None when it is): one of GPU_POLICY_WORDS, or a comma
-    chain of them (`binpack,numa`), case and spaces ignored. Pod annotations stay as lenient
-    as HAMi's (anything else sorts as spread); configured defaults are held to this."""
+    chain of them (`binpack,numa`), case and spaces ignored. The configured default and the
+    pod annotation keep the same rule: HAMi sorts anything else as spread, which hides a
+    typo (`binpak`) until the placements look wrong."""
     parts = [part.strip() for part in text.strip().lower().split(",")]
     unknown = [part for part in parts if part not in GPU_POLICY_WORDS]
     if not unknown:
         return None
     words = ", ".join(GPU_POLICY_WORDS)
     return (
-        f"{text!r} is not a GPU policy: use one of {words}, or a comma chain of them "
+        f"{shown(text)} is not a GPU policy: use one of {words}, or a comma chain of them "
         "such as binpack,numa"
     )
 

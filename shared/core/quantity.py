@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from shared.core.errors import RequestError
+from shared.core.errors import RequestError, shown
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -31,6 +31,12 @@ _PATTERN = re.compile(
 )
 
 
+MAX_QUANTITY_CHARS = 64
+"""Characters of a quantity string: far more than any GPU value needs (2^31-1 has 10 digits),
+and few enough that Python's int() never refuses it (it does over 4300 digits, with a bare
+ValueError that no caller expects from the core)."""
+
+
 def parse_quantity(value: object) -> Fraction:
     """Parse a quantity given as a string or a JSON number; raise RequestError when invalid."""
     if isinstance(value, bool):
@@ -42,10 +48,14 @@ def parse_quantity(value: object) -> Fraction:
             raise RequestError(f"quantity {value!r} is not finite")
         return Fraction(value)
     if not isinstance(value, str):
-        raise RequestError(f"quantity {value!r} is not a string or number")
+        raise RequestError(f"quantity {shown(value)} is not a string or number")
+    if len(value) > MAX_QUANTITY_CHARS:
+        raise RequestError(
+            f"quantity {shown(value)} is too long: at most {MAX_QUANTITY_CHARS} characters"
+        )
     match = _PATTERN.match(value.strip())
     if match is None:
-        raise RequestError(f"quantity {value!r} is not a valid Kubernetes quantity")
+        raise RequestError(f"quantity {shown(value)} is not a valid Kubernetes quantity")
     number = Fraction(match["num"])
     if match["bin"]:
         number *= _BINARY[match["bin"]]
@@ -61,7 +71,10 @@ def parse_quantity(value: object) -> Fraction:
 
 def parse_integer_quantity(value: object, what: str) -> int:
     """Parse a quantity that must be a whole number (GPU counts, MiB, percent)."""
-    number = parse_quantity(value)
+    try:
+        number = parse_quantity(value)
+    except RequestError as exc:
+        raise RequestError(f"{what}: {exc}") from None  # name the resource, not only the value
     if number.denominator != 1:
-        raise RequestError(f"{what} {value!r} is not a whole number")
+        raise RequestError(f"{what} {shown(value)} is not a whole number")
     return int(number)

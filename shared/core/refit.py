@@ -17,7 +17,7 @@ from shared.codes import Code as Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, effective, kind_at, total
 from shared.core.config import CoreConfig
-from shared.core.errors import AnnotationError
+from shared.core.errors import AnnotationError, PodAnnotationError
 from shared.core.fit import (
     ALLOWED_SET_UNMATCHED,
     RESOURCE_QUOTA_NOT_FIT,
@@ -312,6 +312,9 @@ def restricted_fit(
     try:
         options = fit_options(tracked.pod.annotations, config)
     except AnnotationError as exc:
+        if isinstance(exc, PodAnnotationError) and exc.key != keys.SCORING_WEIGHTS:
+            # Another annotation the fit reads (a pod admitted before its rule existed).
+            return refused(Code.ANNOTATION_INVALID, f"invalid pod annotation: {exc}")
         return refused(Code.INVALID_SCORING_WEIGHTS, f"invalid device scoring weights: {exc}")
     restricted = restrict(preloaded, allowed, vendor)
     if not any(d.info.matches_vendor(vendor) for d in restricted.devices):

@@ -1,7 +1,8 @@
 """Per-container GPU requests derived from Pod resources (reference d.1).
 
-Limits are read first and requests are the fallback, per resource name. A malformed value makes
-the container's request invalid (RequestError) instead of under-allocating it.
+Limits are read first and requests are the fallback, per resource name. A malformed or
+out-of-range value (the rules are in `inputs`) makes the container's request invalid
+(RequestError) instead of under-allocating it or clamping it as HAMi does.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shared.core.errors import RequestError
-from shared.core.keys import INT32_MAX, NVIDIA, PERCENT_UNSET
+from shared.core import inputs
+from shared.core.keys import NVIDIA, PERCENT_UNSET
 from shared.core.quantity import parse_integer_quantity
 
 if TYPE_CHECKING:
@@ -48,35 +49,35 @@ def _lookup(container: ContainerSpec, name: str) -> Any:
 
 
 def container_request(container: ContainerSpec, config: CoreConfig) -> ContainerRequest | None:
-    """The NVIDIA request of one container, or None when it asks for no GPU."""
+    """The NVIDIA request of one container, or None when it asks for no GPU. Each value is
+    held to its rule in `inputs` (refused, never clamped)."""
     where = f"container {container.name!r}"
+    count_what = f"{where}: {config.resource_count_name}"
     count_value = _lookup(container, config.resource_count_name)
     if count_value is None:
         return None
-    nums = parse_integer_quantity(count_value, f"{where}: {config.resource_count_name}")
-    if nums <= 0:
+    nums = parse_integer_quantity(count_value, count_what)
+    inputs.check_count(nums, count_value, count_what)
+    if nums == 0:
         return None
-    if nums > INT32_MAX:
-        raise RequestError(f"{where}: {config.resource_count_name} overflows int32")
 
-    memreq = 0
-    mem_value = _lookup(container, config.resource_memory_name)
-    if mem_value is not None:
-        mem = parse_integer_quantity(mem_value, f"{where}: {config.resource_memory_name}")
-        memreq = mem * config.memory_factor
-        if mem < 0:
-            raise RequestError(f"{where}: {config.resource_memory_name} is negative")
-        if memreq > INT32_MAX:
-            raise RequestError(f"{where}: {config.resource_memory_name} overflows int32")
-
+    # The percentage is read first: whether a memory of 0 is refused depends on it.
     percentage = PERCENT_UNSET
+    pct_what = f"{where}: {config.resource_memory_percentage_name}"
     pct_value = _lookup(container, config.resource_memory_percentage_name)
     if pct_value is not None:
-        pct = parse_integer_quantity(
-            pct_value, f"{where}: {config.resource_memory_percentage_name}"
-        )
-        if pct > 0:
-            percentage = min(pct, 100)
+        percentage = parse_integer_quantity(pct_value, pct_what)
+        inputs.check_percentage(percentage, pct_value, pct_what)
+
+    memreq = 0
+    mem_what = f"{where}: {config.resource_memory_name}"
+    mem_value = _lookup(container, config.resource_memory_name)
+    if mem_value is not None:
+        mem = parse_integer_quantity(mem_value, mem_what)
+        memreq = mem * config.memory_factor
+        inputs.check_memory(mem, memreq, mem_value, mem_what)
+        if memreq == 0 and percentage == PERCENT_UNSET:
+            raise inputs.zero_memory(mem_value, mem_what, config.resource_memory_percentage_name)
 
     if memreq == 0 and percentage == PERCENT_UNSET:
         if config.default_memory > 0:
@@ -88,11 +89,9 @@ def container_request(container: ContainerSpec, config: CoreConfig) -> Container
     if cores_value is None:
         coresreq = config.default_cores
     else:
-        coresreq = parse_integer_quantity(cores_value, f"{where}: {config.resource_core_name}")
-        if coresreq < 0:
-            raise RequestError(f"{where}: {config.resource_core_name} is negative")
-        if coresreq > INT32_MAX:
-            raise RequestError(f"{where}: {config.resource_core_name} overflows int32")
+        cores_what = f"{where}: {config.resource_core_name}"
+        coresreq = parse_integer_quantity(cores_value, cores_what)
+        inputs.check_cores(coresreq, cores_value, cores_what)
     return ContainerRequest(nums, NVIDIA, memreq, percentage, coresreq)
 
 

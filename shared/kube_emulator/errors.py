@@ -207,7 +207,9 @@ def admission_denied(webhook: str, message: str, code: int, reason: str) -> Kube
     return KubeError(status_object(max(code, 400), text, reason))
 
 
-FieldErrorType = Literal["required", "invalid", "forbidden", "not_supported", "immutable"]
+FieldErrorType = Literal[
+    "required", "invalid", "forbidden", "not_supported", "immutable", "too_long"
+]
 
 # (StatusCause type, the words field.Error prints) per FieldErrorType.
 _FIELD_ERROR_WORDS: dict[str, tuple[str, str]] = {
@@ -216,6 +218,7 @@ _FIELD_ERROR_WORDS: dict[str, tuple[str, str]] = {
     "immutable": ("FieldValueInvalid", "Invalid value"),
     "forbidden": ("FieldValueForbidden", "Forbidden"),
     "not_supported": ("FieldValueNotSupported", "Unsupported value"),
+    "too_long": ("FieldValueTooLong", "Too long"),
 }
 
 

@@ -124,7 +124,7 @@ class Registry:
         meta["creationTimestamp"] = now_rfc3339()
         kind.prepare_for_create(obj)
         name = str(meta.get("name", ""))
-        problems = _name_errors(meta) + kind.validate_create(obj)
+        problems = _name_errors(meta) + _annotation_errors(meta) + kind.validate_create(obj)
         if problems:
             raise errors.invalid(kind.kind, name, problems, kind.group)
         options.warnings.extend(warnings)
@@ -307,7 +307,11 @@ class Registry:
             # omits them keeps them.
             _restore_system_metadata(new, current, keep_managed_fields=operation == "Update")
             if not subresource:
-                problems = _immutable_errors(new, current) + kind.validate_update(new, current)
+                problems = (
+                    _immutable_errors(new, current)
+                    + _annotation_errors(metadata(new))
+                    + kind.validate_update(new, current)
+                )
                 if problems:
                     raise errors.invalid(kind.kind, name, problems, kind.group)
             if operation == "Update":
@@ -577,6 +581,27 @@ def _name_errors(meta: JSONDict) -> list[FieldError]:
     if not isinstance(name, str) or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
         return [FieldError("metadata.name", "invalid", _SUBDOMAIN_RULE, name)]
     return []
+
+
+TOTAL_ANNOTATION_BYTES = 256 * 1024
+"""apimachinery's TotalAnnotationSizeLimitB: every key and value of one object together."""
+
+
+def _annotation_errors(meta: JSONDict) -> list[FieldError]:
+    """Upstream ValidateAnnotations' size rule, on every create and update of any kind: an
+    object's annotations are stored, watched and sent with it, so their size is bounded."""
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        return []
+    size = sum(
+        len(str(key).encode("utf-8", "surrogatepass"))
+        + len(str(value).encode("utf-8", "surrogatepass"))
+        for key, value in annotations.items()
+    )
+    if size <= TOTAL_ANNOTATION_BYTES:
+        return []
+    rule = f"must have at most {TOTAL_ANNOTATION_BYTES} bytes"
+    return [FieldError("metadata.annotations", "too_long", rule)]
 
 
 def _set_condition(status: JSONDict, condition: JSONDict) -> None:

@@ -12,10 +12,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from shared.core.errors import RequestError
+from shared.core.quantity import parse_quantity
 
 from .errors import FieldError
 from .objects import JSONDict, child, metadata
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 FieldGetter = Callable[[JSONDict], str]
 Validator = Callable[[JSONDict], list[FieldError]]
@@ -164,7 +170,74 @@ def _validate_pod_create(pod: JSONDict) -> list[FieldError]:
                 seen.add(name)
             if isinstance(container, dict) and not container.get("image"):
                 errors.append(FieldError(f"{where}.image", "required"))
+            if isinstance(container, dict) and isinstance(container.get("resources"), dict):
+                errors.extend(_resource_errors(container["resources"], f"{where}.resources"))
     return errors
+
+
+_NEGATIVE_RULE = "must be greater than or equal to 0"
+_LIMIT_RULE = "Limit must be set for non overcommitable resources"
+
+
+def _resource_errors(resources: JSONDict, where: str) -> list[FieldError]:
+    """Upstream ValidateResourceRequirements, the parts about quantities: none negative, a
+    request at most its limit, and for a resource that cannot be overcommitted (an extended
+    one such as nvidia.com/gpu, or hugepages) a request equal to its limit, which must exist.
+    It runs after defaulting, so a limit given alone has already become the request too."""
+    limits, requests = resources.get("limits"), resources.get("requests")
+    limits = limits if isinstance(limits, dict) else {}
+    requests = requests if isinstance(requests, dict) else {}
+    errors = []
+    for name, raw in limits.items():
+        value = _quantity(raw)
+        if value is not None and value < 0:
+            errors.append(
+                FieldError(f"{where}.limits[{name}]", "invalid", _NEGATIVE_RULE, _text(raw))
+            )
+    for name, raw in requests.items():
+        value = _quantity(raw)
+        if value is not None and value < 0:
+            errors.append(
+                FieldError(f"{where}.requests[{name}]", "invalid", _NEGATIVE_RULE, _text(raw))
+            )
+        if name not in limits:
+            if not _overcommit_allowed(name):
+                errors.append(FieldError(f"{where}.limits", "required", _LIMIT_RULE))
+            continue
+        limit = _quantity(limits[name])
+        if value is None or limit is None:
+            continue
+        # Upstream reports these on the requests field itself, not on the resource's key.
+        shown_limit = _text(limits[name])
+        if value != limit and not _overcommit_allowed(name):
+            rule = f"must be equal to {name} limit of {shown_limit}"
+            errors.append(FieldError(f"{where}.requests", "invalid", rule, _text(raw)))
+        elif value > limit:
+            rule = f"must be less than or equal to {name} limit of {shown_limit}"
+            errors.append(FieldError(f"{where}.requests", "invalid", rule, _text(raw)))
+    return errors
+
+
+def _quantity(raw: object) -> Fraction | None:
+    """The quantity's exact value; None for one that does not parse (upstream refuses those
+    while decoding, before validation: not emulated)."""
+    try:
+        return parse_quantity(raw)
+    except RequestError:
+        return None
+
+
+def _text(raw: object) -> str:
+    # Upstream prints the canonical form (Quantity.String()); the value as written is the
+    # same for the plain integers GPU resources use.
+    return raw.strip() if isinstance(raw, str) else str(raw)
+
+
+def _overcommit_allowed(name: str) -> bool:
+    """Upstream IsOvercommitAllowed: a native resource (no domain, or a kubernetes.io one)
+    other than hugepages."""
+    native = "/" not in name or "kubernetes.io/" in name
+    return native and not name.startswith("hugepages-")
 
 
 _POD_SPEC_UPDATE_RULE = (

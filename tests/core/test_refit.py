@@ -281,6 +281,14 @@ def test_row18_invalid_scoring_weights() -> None:
     assert "invalid device scoring weights" in answer["failureReason"]
 
 
+def test_row18_another_invalid_annotation_is_named_as_such() -> None:
+    # A pod admitted before numafit refused such values: the fit cannot read its settings.
+    target = worked_pod(annotations={keys.GPU_POLICY: "bogus"})
+    answer = refusal(case(two_gpu_node(), [target], refit_request(target, 1, ["GPU-b"])))
+    assert answer["code"] == "annotation_invalid"
+    assert "invalid pod annotation: hami.io/gpu-scheduler-policy 'bogus'" in answer["failureReason"]
+
+
 def test_row19_no_allowed_device_fits_with_fit_reasons() -> None:
     target = worked_pod()
     other = pod(

@@ -36,9 +36,11 @@ G, M, P, C = (
         ({G: "1"}, {}, ContainerRequest(1, mem_percentage=100)),  # whole card by default
         ({G: 2, M: "3000", C: "30"}, {}, ContainerRequest(2, memreq=3000, coresreq=30)),
         ({G: "1", P: "50"}, {}, ContainerRequest(1, mem_percentage=50)),
-        ({G: "1", P: "250"}, {}, ContainerRequest(1, mem_percentage=100)),  # clamped
-        ({G: "1", P: "0"}, {}, ContainerRequest(1, mem_percentage=100)),  # ignored
-        ({G: "1", C: "150"}, {}, ContainerRequest(1, mem_percentage=100, coresreq=150)),
+        # the bounds themselves are valid
+        ({G: "1", P: "1", C: "0"}, {}, ContainerRequest(1, mem_percentage=1)),
+        ({G: "1", P: "100", C: "100"}, {}, ContainerRequest(1, mem_percentage=100, coresreq=100)),
+        # a memory of 0 beside a percentage means "not given", as in HAMi: the percentage counts
+        ({G: "1", M: "0", P: "25"}, {}, ContainerRequest(1, mem_percentage=25)),
         ({}, {G: "1", M: "100"}, ContainerRequest(1, memreq=100)),  # requests as fallback
         ({M: "200"}, {G: "1", M: "100"}, ContainerRequest(1, memreq=200)),  # limits win
         ({G: "1", M: "1k"}, {}, ContainerRequest(1, memreq=1000)),
@@ -67,6 +69,42 @@ def test_invalid_values_refuse_rather_than_under_allocate(limits: dict[str, Any]
         container_request(spec(limits), CoreConfig())
 
 
+@pytest.mark.parametrize(
+    ("limits", "fragments"),
+    [
+        # HAMi clamps cores above 100 while fitting: numafit refuses instead of reserving less
+        ({G: "1", C: "101"}, [C, "'101'", "0 to 100"]),
+        ({G: "1", C: "150"}, [C, "'150'", "0 to 100"]),
+        ({G: "1", C: "-1"}, [C, "'-1'", "0 to 100"]),
+        # HAMi clamps a percentage above 100 and ignores one of 0 or less (the whole card)
+        ({G: "1", P: "101"}, [P, "'101'", "1 to 100"]),
+        ({G: "1", P: "0"}, [P, "'0'", "1 to 100"]),
+        ({G: "1", P: "-5"}, [P, "'-5'", "1 to 100"]),
+        # HAMi reads a memory of 0 as "not given" and reserves the whole card
+        ({G: "1", M: "0"}, [M, "'0'", "at least 1"]),
+        ({G: "-1"}, [G, "'-1'", "at least 0"]),
+    ],
+)
+def test_out_of_range_values_are_refused_naming_resource_value_and_range(
+    limits: dict[str, Any], fragments: list[str]
+) -> None:
+    with pytest.raises(RequestError) as refused:
+        container_request(spec(limits), CoreConfig())
+    for fragment in fragments:
+        assert fragment in str(refused.value)
+    assert "container 'c'" in str(refused.value)
+
+
+def test_a_huge_quantity_is_refused_in_a_short_message() -> None:
+    # Python's int() refuses a 5000-digit string with a bare ValueError (not a CoreError), and
+    # echoing it would flood the webhook's denial.
+    huge = "9" * 5000
+    with pytest.raises(RequestError) as refused:
+        container_request(spec({G: "1", M: huge}), CoreConfig())
+    assert M in str(refused.value)
+    assert len(str(refused.value)) < 300
+
+
 def test_defaults_and_memory_factor() -> None:
     config = CoreConfig(default_memory=5000, default_cores=10, memory_factor=2)
     assert container_request(spec({G: "1"}), config) == ContainerRequest(
@@ -91,3 +129,7 @@ def test_config_parsing_refuses_unknown_keys_and_wrong_types() -> None:
         parse_config({"defaultMemory": "5"})
     with pytest.raises(ConfigError, match="memoryFactor"):
         parse_config({"memoryFactor": 0})
+    # the pod's own cores are held to 0..100, and so is the default given in their absence
+    with pytest.raises(ConfigError, match="defaultCores"):
+        parse_config({"defaultCores": 101})
+    assert parse_config({"defaultCores": 100}).default_cores == 100

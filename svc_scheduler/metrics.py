@@ -23,6 +23,7 @@ DENIALS = (
     admission.OWNED_ANNOTATION,
     admission.INVALID_NUMA_ALIGNMENT,
     admission.INVALID_SCORING_WEIGHTS,
+    admission.INVALID_ANNOTATION,
     admission.INVALID_REQUEST,
     admission.QUOTA_EXCEEDED,
     admission.INVALID_POD,

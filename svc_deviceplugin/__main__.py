@@ -88,6 +88,15 @@ def build_parser(prog: str = "numafit run deviceplugin") -> argparse.ArgumentPar
         help="host directory for per-container shared caches (default %(default)s)",
     )
     parser.add_argument(
+        "--state-dir",
+        default=env.get("NUMAFIT_STATE_DIR", "/var/lib/numafit/deviceplugin"),
+        help="host directory for the consume journal: allocations kubelet was answered for "
+        "while accounting did not acknowledge them, sent again until it does, across plugin "
+        "restarts (mount it from the host; not the device-plugin directory, which kubelet "
+        "empties when it starts; '' keeps them in memory only; env NUMAFIT_STATE_DIR, "
+        "default %(default)s)",
+    )
+    parser.add_argument(
         "--inventory",
         action="store_true",
         help="print what GPU discovery sees and exit (exit 1 with one line when NVML is absent, "
@@ -147,6 +156,7 @@ def _config(args: argparse.Namespace) -> PluginConfig:
         refit_enabled=not args.no_refit,
         refit_timeout_ms=args.refit_timeout_ms,
         mig_mode=args.operating_mode == "mig",
+        state_dir=Path(args.state_dir) if args.state_dir else None,
         hami_core=HamiCorePaths(
             library_host=f"{args.hami_core_dir}/libvgpu.so",
             preload_host=f"{args.hami_core_dir}/ld.so.preload",

@@ -15,6 +15,17 @@ every hop takes what is left of it: the `pending` and `consume` requests to acco
 `deadlineMs` follows), the refit (its `timeoutMs` is the remaining budget, not a fresh one) and
 recording a failed binding. A failed binding that cannot be recorded within the call's budget
 is recorded after kubelet has its answer, by a background task.
+
+Allocate when accounting does not answer: the container's devices were decided before kubelet
+called (the entry GetPreferredAllocation fetched, or the refit's move), so Allocate does not fail
+for want of accounting's acknowledgement. When the `consume` gets no answer in time,
+`node_unavailable` (a takeover under way) or `deadline_exceeded`, and GetPreferredAllocation
+fetched this container's entry just before, kubelet is answered from that entry (with the GPUs
+kubelet gave, amounts kept as accounting's consume keeps them) and the consumption goes to the
+journal, which `svc_deviceplugin.deferred` sends again until accounting acknowledges it. The
+consume then leaves a little of the call's budget (`DEFER_RESERVE_S`) for writing the journal.
+Without such an entry (kubelet skips GetPreferredAllocation when it has no choice to make) the
+Allocate fails as before: the plugin cannot tell what the container was reserved.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.errors import CoreError
+from shared.core.model import ContainerDevice
 from shared.core.pods import Alignment, parse_alignment
 from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, select_replicas
 from shared.messages import PendingEntry, PendingPod, RefitReply
@@ -39,7 +51,9 @@ from shared.service import natsconn
 from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
 from shared.subjects import shown
+from svc_deviceplugin.deferred import DeferredConsumes
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
+from svc_deviceplugin.journal import ConsumeJournal, DeferredConsume, JournalFull
 from svc_deviceplugin.metrics import PluginMetrics, allocation_result
 from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
 
@@ -48,6 +62,7 @@ if TYPE_CHECKING:
 
     from nats.aio.client import Client
 
+    from shared.core.model import ContainerEntry
     from shared.service.supervisor import Supervisor
     from svc_deviceplugin.config import PluginConfig
 
@@ -63,12 +78,48 @@ TEXT_LIMIT = 200
 """Characters of outside text (accounting errors, refit reasons) kept in messages and logs."""
 RETRIED_BIND_PHASE = frozenset({Code.DEADLINE_EXCEEDED, Code.CONFLICT, Code.API_ERROR})
 """A bind-phase `failed` refused with one of these may be recorded by asking again."""
+DEFERRED_CODES = frozenset({Code.NODE_UNAVAILABLE, Code.DEADLINE_EXCEEDED})
+"""consume refusals that say accounting is away or late, not that the allocation is wrong: with
+the entry known, Allocate is answered and the consumption journalled."""
+DEFER_RESERVE_S = 0.25
+"""Seconds of an Allocate's budget kept back from its consume, when the entry is known, for
+writing the journal should the consume not be answered."""
+KNOWN_FOR_S = 10.0
+"""How long after GetPreferredAllocation its entries may answer an Allocate: kubelet calls
+Allocate right after it, so an older one belongs to an admission that went no further."""
 
 
 def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
     """Outside text for a message or log line: as is when short and printable, else cut (and
     quoted) by `subjects.shown`, so unbounded input never comes back whole."""
     return text if len(text) <= limit and text.isprintable() else shown(text, limit)
+
+
+class _Unrecorded(Exception):
+    """accounting did not record the consumption, for a reason that says nothing against it
+    (no answer, a takeover, out of budget): deferred when the entry is known, else refused
+    with `message`."""
+
+    def __init__(self, message: str, result: str, reason: str) -> None:
+        super().__init__(message)
+        self.result = result
+        """The `allocations_total` label when the Allocate fails."""
+        self.reason = reason
+        """The `consume_deferred_total` label when it is deferred."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitting:
+    """A container entry GetPreferredAllocation fetched (the refit's move applied): what an
+    Allocate needs to be answered without accounting."""
+
+    uid: str
+    namespace: str
+    name: str
+    index: int
+    container_name: str
+    devices: str
+    """The reserved entry, HAMi's per-container encoding."""
 
 
 class AdmissionRefused(Exception):
@@ -121,6 +172,20 @@ class Allocator:
         self.outcomes: dict[tuple[str, int], str] = {}
         """The refit outcome per (pod UID, container index), as `numafit simulate` reports it:
         none, moved, already_aligned, fallback, refused:<code>, timeout, strict_failed."""
+        self.deferred = DeferredConsumes(
+            ConsumeJournal(config.journal_path, config.node),
+            self.accounting,
+            metrics,
+            config.node,
+            config.accounting_timeout,
+        )
+        """Consumptions kubelet was answered for that accounting has not acknowledged."""
+        self._admitting: list[Admitting] = []
+        """The entries the last GetPreferredAllocation fetched, in its containers' order; each
+        answers at most one Allocate."""
+        self._admitting_at = 0.0
+        self._moved: dict[tuple[str, int], str] = {}
+        """Within one GetPreferredAllocation: the entry a refit moved (pod UID, index)."""
 
     # --- GetPreferredAllocation -------------------------------------------------------------
 
@@ -137,6 +202,7 @@ class Allocator:
     ) -> list[list[str]]:
         """Preferred replica IDs per container request (empty = let kubelet choose)."""
         deadline = deadline or self.deadline()
+        self._admitting, self._moved = [], {}
         nothing: list[list[str]] = [[] for _ in requests]
         budget = self._budget(deadline)
         if budget < MIN_HOP_S:
@@ -150,12 +216,33 @@ class Allocator:
             log.warning(f"no preference: {what}", extra={"error": bounded(str(exc))})
             return nothing
         pod = pending.pod
+        if pending.ok and len(self.deferred):
+            self.deferred.kick()  # accounting answers again: replay what it has not recorded
         if not pending.ok or not isinstance(pod, PendingPod):
             return nothing
+        # Entries whose consumption is journalled are consumed as far as kubelet knows; until
+        # accounting records them they are still pending there, and must not be admitted again.
+        unrecorded = self.deferred.journal.indices(pod.uid)
+        entries = [e for e in pod.entries if e.index not in unrecorded]
         answers = []
+        admitting = []
         for k, container in enumerate(requests):
-            entry = pod.entries[k] if k < len(pod.entries) else None
+            entry = entries[k] if k < len(entries) else None
             answers.append(await self._prefer_one(pod, entry, container, deadline) if entry else [])
+            if entry is not None:
+                devices = self._moved.pop((pod.uid, entry.index), entry.devices)
+                admitting.append(
+                    Admitting(
+                        pod.uid,
+                        pod.namespace,
+                        pod.name,
+                        entry.index,
+                        entry.container_name,
+                        devices,
+                    )
+                )
+        # Only once every container's preference is settled: a failed admission leaves none.
+        self._admitting, self._admitting_at = admitting, time.monotonic()
         return answers
 
     async def _prefer_one(
@@ -234,6 +321,9 @@ class Allocator:
                 selection = self._map_committed(reply, request)
             except (CoreError, SelectionError) as exc:
                 detail = bounded(str(exc))  # the move is committed: no falling back
+            else:
+                # What the container is reserved now, should Allocate answer without accounting.
+                self._moved[(pod.uid, entry.index)] = reply.container_devices or entry.devices
         elif reply is not None:
             detail = bounded(reply.failure_reason or "refused")
         outcome = decide(
@@ -363,7 +453,21 @@ class Allocator:
                 f"{len(unknown)} unknown device ID(s): {bounded(', '.join(unknown))}",
                 invalid_argument=True,
             )
-        reply = await self._consume(gpus, deadline)
+        known = self._take_admitting(len(gpus))
+        request = await self._consume_request(gpus, known, deadline)
+        try:
+            # With the entry known, some of the call is kept for journalling it (a quarter of
+            # a short budget, so that a consume is still asked).
+            reserve = min(DEFER_RESERVE_S, deadline.remaining() / 4) if known else 0.0
+            reply = await self._consume(request, deadline, reserve)
+        except _Unrecorded as exc:
+            if known is None:
+                self.metrics.allocations.labels(exc.result).inc()
+                raise AdmissionRefused(
+                    f"{exc} (GetPreferredAllocation fetched no entry for this container, so "
+                    "the plugin cannot answer without accounting)"
+                ) from exc
+            return await self._defer(known, gpus, exc)
         try:
             if reply.container_devices is None:
                 raise CoreError("no containerDevices")
@@ -372,39 +476,124 @@ class Allocator:
             raise self._unusable(exc) from exc
         uid = reply.pod_uid or ""
         index = -1 if reply.container_index is None else reply.container_index
+        self._allocated(uid, index, reply.container_name)
+        return container_allocation(entry, uid, reply.container_name or "", self.config.hami_core)
+
+    def _allocated(self, uid: str, index: int, container_name: str | None) -> None:
         if (uid, index) in self.fallbacks:
             self.fallbacks.discard((uid, index))
-            name = reply.container_name if reply.container_name is not None else str(index)
+            name = container_name if container_name is not None else str(index)
             self.fallback_containers.add((uid, name))
             self.metrics.set_fallback_containers(len(self.fallback_containers))
         self.metrics.allocations.labels("ok").inc()
-        return container_allocation(entry, uid, reply.container_name or "", self.config.hami_core)
+
+    def _take_admitting(self, size: int) -> Admitting | None:
+        """The entry the last GetPreferredAllocation fetched for the container kubelet now
+        allocates (the next one, in order), when it is recent and of this many devices."""
+        if not self._admitting:
+            return None
+        if time.monotonic() - self._admitting_at > KNOWN_FOR_S:
+            self._admitting = []
+            return None
+        candidate = self._admitting.pop(0)
+        try:
+            reserved = codec.decode_container(candidate.devices)
+        except CoreError:
+            return None
+        return candidate if len(reserved) == size else None
+
+    async def _consume_request(
+        self, gpus: Sequence[str], known: Admitting | None, deadline: Deadline
+    ) -> messages.ConsumeRequest:
+        """What to ask accounting. Without a name, consume takes the pending pod's first
+        non-empty entry, which is right unless a journalled consumption of the node is still
+        pending there: then the container is named (known), or the journal is replayed first
+        within half the budget (unknown), else the Allocate cannot be told apart and fails."""
+        request = messages.ConsumeRequest(devices=tuple(gpus), node=self.config.node)
+        if not len(self.deferred):
+            return request
+        if known is not None:
+            return msgspec.structs.replace(request, pod_uid=known.uid, container_index=known.index)
+        if await self.deferred.replay_once(self._budget(deadline) / 2):
+            return request
+        self.metrics.allocations.labels("accounting_unavailable").inc()
+        raise AdmissionRefused(
+            f"cannot record the allocation: {len(self.deferred)} earlier consumption(s) of this "
+            "node are not recorded by accounting yet, and GetPreferredAllocation fetched no "
+            "entry for this container to name it"
+        )
+
+    async def _defer(
+        self, known: Admitting, gpus: Sequence[str], why: _Unrecorded
+    ) -> ContainerAllocation:
+        """Answer kubelet from the known entry and journal the consumption."""
+        try:
+            entry = _running_on(codec.decode_container(known.devices), gpus)
+        except CoreError as exc:
+            raise self._unusable(exc) from exc
+        record = DeferredConsume(
+            pod_uid=known.uid,
+            pod_namespace=known.namespace,
+            pod_name=known.name,
+            container_index=known.index,
+            container_name=known.container_name,
+            devices=tuple(gpus),
+            container_devices=codec.encode_container(entry),
+            deferred_at=time.time(),
+        )
+        where = {"pod": f"{known.namespace}/{known.name}", "container": known.index}
+        try:
+            durable = await self.deferred.add(record)
+        except JournalFull as exc:
+            self.metrics.journal_errors.labels("full").inc()
+            self.metrics.allocations.labels(why.result).inc()
+            log.error("consume journal full", extra={**where, "error": str(exc)})
+            raise AdmissionRefused(f"{why} ({exc})") from exc
+        self.metrics.consume_deferred.labels(why.reason).inc()
+        log.warning(
+            "consume deferred: Allocate answered from the pending entry, accounting is told later",
+            extra={
+                **where,
+                "pod_uid": known.uid,
+                "devices": list(gpus),
+                "reason": why.reason,
+                "error": bounded(str(why)),
+                "journalled": durable,
+            },
+        )
+        self._allocated(known.uid, known.index, known.container_name)
+        return container_allocation(entry, known.uid, known.container_name, self.config.hami_core)
 
     def _unusable(self, exc: Exception) -> AdmissionRefused:
         self.metrics.allocations.labels("unusable_reply").inc()
         return AdmissionRefused(f"accounting sent an unusable entry: {bounded(str(exc))}")
 
-    async def _consume(self, gpus: Sequence[str], deadline: Deadline) -> messages.ConsumeReply:
-        """Ask accounting to consume the pending entry on `gpus`. A `conflict` means the pod
-        changed under accounting, which re-read it: asked again while the budget allows.
-        Every other refusal fails the Allocate with accounting's code and (cut) reason."""
-        request = messages.ConsumeRequest(devices=tuple(gpus), node=self.config.node)
+    async def _consume(
+        self, request: messages.ConsumeRequest, deadline: Deadline, reserve: float
+    ) -> messages.ConsumeReply:
+        """Ask accounting to consume the entry, leaving `reserve` seconds of the budget. A
+        `conflict` means the pod changed under accounting, which re-read it: asked again while
+        the budget allows. No answer, `node_unavailable` and `deadline_exceeded` are
+        `_Unrecorded`; every other refusal fails the Allocate with accounting's code and (cut)
+        reason."""
         for attempt in range(1, CONSUME_ATTEMPTS + 1):
-            budget = self._budget(deadline)
+            budget = min(self.config.accounting_timeout, deadline.remaining() - reserve)
             if budget < MIN_HOP_S:
-                self.metrics.allocations.labels("deadline_exceeded").inc()
-                raise AdmissionRefused(
+                raise _Unrecorded(
                     "cannot record the allocation: the call's "
-                    f"{self.config.refit_timeout_ms} ms budget is spent"
+                    f"{self.config.refit_timeout_ms} ms budget is spent",
+                    "deadline_exceeded",
+                    "deadline_exceeded",
                 )
             try:
                 reply = await self.accounting.ask(request, messages.ConsumeReply, budget)
             except AccountingUnavailable as exc:
                 if _unreadable(exc):
                     raise self._unusable(exc) from exc
-                self.metrics.allocations.labels("accounting_unavailable").inc()
-                raise AdmissionRefused(
-                    f"cannot record the allocation: {bounded(str(exc))}"
+                raise _Unrecorded(
+                    f"cannot record the allocation: {bounded(str(exc))}",
+                    "accounting_unavailable",
+                    "accounting_unavailable",
                 ) from exc
             if reply.ok:
                 return reply
@@ -413,11 +602,14 @@ class Allocator:
             if code is Code.CONFLICT and attempt < CONSUME_ATTEMPTS:
                 log.info("consume conflict; asking again", extra={"attempt": attempt})
                 continue
-            self.metrics.allocations.labels(allocation_result(code)).inc()
             log.warning(
                 "allocation refused by accounting", extra={"code": shown_code, "error": error}
             )
-            raise AdmissionRefused(f"allocation refused by accounting ({shown_code}): {error}")
+            message = f"allocation refused by accounting ({shown_code}): {error}"
+            if code is not None and code in DEFERRED_CODES:
+                raise _Unrecorded(message, allocation_result(code), code.value)
+            self.metrics.allocations.labels(allocation_result(code)).inc()
+            raise AdmissionRefused(message)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def forget_pods(self, alive: set[str]) -> None:
@@ -427,6 +619,25 @@ class Allocator:
         self.fallbacks = {f for f in self.fallbacks if f[0] in alive}
         self.outcomes = {k: v for k, v in self.outcomes.items() if k[0] in alive}
         self.metrics.set_fallback_containers(len(self.fallback_containers))
+
+
+def _running_on(reserved: ContainerEntry, gpus: Sequence[str]) -> ContainerEntry:
+    """The entry as it runs on `gpus`, as accounting's consume records it
+    (`shared.core.consume.plan_consume`): each reserved amount stays on its GPU when kubelet
+    gave that GPU, and the others' amounts go, in order, to the GPUs kubelet gave instead."""
+    if len(gpus) != len(reserved) or len(set(gpus)) != len(gpus):
+        raise CoreError(
+            f"Allocate of {len(gpus)} device(s) does not match the pending entry of {len(reserved)}"
+        )
+    if {d.uuid for d in reserved} == set(gpus):
+        return reserved  # no drift: the reservation as it stands, in its own order
+    kept = {d.uuid: d for d in reserved}
+    spare = iter([d for d in reserved if d.uuid not in gpus])
+    running = []
+    for uuid in gpus:
+        device = kept[uuid] if uuid in kept else next(spare)
+        running.append(ContainerDevice(uuid, device.type, device.usedmem, device.usedcores))
+    return tuple(running)
 
 
 def _unreadable(exc: AccountingUnavailable) -> bool:

@@ -8,6 +8,8 @@ from pathlib import Path
 from shared import subjects
 from shared.core.refit import MAX_TIMEOUT_MS
 
+JOURNAL_FILE = "consume-journal.json"
+
 
 @dataclass(frozen=True, slots=True)
 class HamiCorePaths:
@@ -46,6 +48,11 @@ class PluginConfig:
     """How long one wait for a GPU health event (NVML's nvmlEventSetWait_v2) may block its
     worker thread; it bounds how long stopping waits for the health watch."""
     hami_core: HamiCorePaths = HamiCorePaths()
+    state_dir: Path | None = None
+    """Where the consume journal lives (`svc_deviceplugin.journal`): consumptions kubelet was
+    answered for while accounting did not acknowledge them, kept across plugin restarts. None
+    keeps them in memory only (embedded plugins: `numafit simulate`, tests). Not kubelet's
+    device-plugin directory: kubelet empties that when it starts."""
 
     def __post_init__(self) -> None:
         subjects.check_name(self.node, "node name")
@@ -61,3 +68,7 @@ class PluginConfig:
     @property
     def kubelet_socket(self) -> Path:
         return self.directory / "kubelet.sock"
+
+    @property
+    def journal_path(self) -> Path | None:
+        return None if self.state_dir is None else self.state_dir / JOURNAL_FILE

@@ -55,6 +55,12 @@ ALLOCATION_RESULTS = (
 """`numafit_deviceplugin_allocations_total{result}`: ok, or why the Allocate failed (an
 accounting refusal code, or `other` for a code this plugin does not know)."""
 
+DEFER_REASONS = ("accounting_unavailable", "node_unavailable", "deadline_exceeded")
+"""`numafit_deviceplugin_consume_deferred_total{reason}`: why an Allocate's consume was left
+to the journal (no answer in time, a takeover under way, accounting out of budget)."""
+REPLAY_RESULTS = ("recorded", "retry", "dropped")
+JOURNAL_ERRORS = ("write_failed", "full", "unreadable")
+
 CALL_METHODS = ("GetPreferredAllocation", "Allocate")
 XID_ACTIONS = (
     "marked_unhealthy",
@@ -139,12 +145,47 @@ class PluginMetrics:
             "GPUs of this node reported Unhealthy to kubelet and health false to the scheduler.",
             registry=self.registry,
         )
+        self.consume_deferred = Counter(
+            "numafit_deviceplugin_consume_deferred",
+            "Allocate calls answered from the pending entry GetPreferredAllocation fetched "
+            "because accounting did not record the consumption in time (reason: "
+            "accounting_unavailable, node_unavailable, deadline_exceeded); the consumption is "
+            "journalled and sent again until accounting acknowledges it. Also counted in "
+            'numafit_deviceplugin_allocations_total{result="ok"}.',
+            ["reason"],
+            registry=self.registry,
+        )
+        self.journal_entries = Gauge(
+            "numafit_deviceplugin_consume_journal_entries",
+            "Consumptions kubelet was answered for that accounting has not acknowledged yet "
+            "(each keeps the node's allocation lock held until it is recorded).",
+            registry=self.registry,
+        )
+        self.consume_replays = Counter(
+            "numafit_deviceplugin_consume_replays",
+            "Journalled consumptions sent again, by result: recorded (accounting acknowledged "
+            "it), retry (no answer or a passing refusal), dropped (refused for good: the pod "
+            "is gone or the entry does not match).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.journal_errors = Counter(
+            "numafit_deviceplugin_consume_journal_errors",
+            "Journal problems: write_failed (the file could not be written; the record is "
+            "kept in memory), full (no room: the Allocate failed), unreadable (the file an "
+            "earlier run left was set aside at start).",
+            ["kind"],
+            registry=self.registry,
+        )
         for mode, results in REFIT_RESULTS.items():
             at_zero(self.refits, (mode,), results)
         at_zero(self.allocations, ALLOCATION_RESULTS)
         at_zero(self.call_duration, CALL_METHODS)
         at_zero(self.deadline_exceeded, CALL_METHODS)
         at_zero(self.xid_events, XID_ACTIONS)
+        at_zero(self.consume_deferred, DEFER_REASONS)
+        at_zero(self.consume_replays, REPLAY_RESULTS)
+        at_zero(self.journal_errors, JOURNAL_ERRORS)
 
     def set_fallback_containers(self, count: int) -> None:
         """The fallback gauge and its deprecated alias, always the same value."""

@@ -4,9 +4,9 @@ The plugin talks only to kubelet (gRPC) and NATS: the pending pod, allocations a
 inventory all go through accounting, so a node's credentials never include pod writes.
 
 Its loops (the plugin server with its kubelet re-registration watch, the inventory writer, the
-GPU health watch, the reconcile loop) are eternal tasks of the plugin's one supervisor: if one
-ever ends while the plugin is not stopping, readiness fails for good and the process exits 1 for
-Kubernetes to restart it.
+GPU health watch, the reconcile loop, the replay of the consume journal) are eternal tasks of
+the plugin's one supervisor: if one ever ends while the plugin is not stopping, readiness fails
+for good and the process exits 1 for Kubernetes to restart it.
 
 GPU health: the backend's health watch (NVML XID events, or injected ones on simulated GPUs)
 is read in a worker thread. An XID other than the application ones marks its GPU unhealthy for
@@ -134,9 +134,14 @@ class DevicePluginService:
         return replicas(self.current_gpus(), self.config.replicas)
 
     async def start(self) -> None:
+        # Before kubelet can call: consumptions an earlier run answered kubelet for and
+        # accounting never acknowledged are sent again first, and GetPreferredAllocation
+        # knows their entries are no longer to be admitted.
+        self.allocator.deferred.load()
         await self.supervisor.start()
         for coro, name in (
             (self.server.run(self._stop), "plugin-server"),
+            (self.allocator.deferred.run(self._stop), "consume-journal"),
             (self._inventory_loop(), "inventory"),
             (self._health_loop(), "health"),
             (self._reconcile_loop(), "reconcile"),
@@ -155,9 +160,11 @@ class DevicePluginService:
         self.backend.close()
 
     async def on_reconnect(self) -> None:
-        """Accounting may have restarted while we were away: register the inventory again."""
+        """Accounting may have restarted while we were away: register the inventory again,
+        and send journalled consumptions now rather than after the retry delay."""
         self.inventory_registered.clear()
         self._inventory_changed.set()
+        self.allocator.deferred.kick()
 
     # --- inventory --------------------------------------------------------------------------
 

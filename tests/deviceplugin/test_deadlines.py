@@ -153,9 +153,13 @@ async def fake_node(
     *,
     replies: dict[str, list[dict[str, Any]]] | None = None,
     delays: dict[str, float | None] | None = None,
+    state_dir: Path | None = None,
+    fake: Fake | None = None,
 ) -> AsyncIterator[Node]:
-    """The real plugin and a kubelet emulator; accounting and refit are `Fake`s."""
-    fake = Fake(
+    """The real plugin and a kubelet emulator; accounting and refit are `Fake`s (`fake`: one
+    the caller keeps, so that a second plugin meets the same one). `state_dir`: where the
+    plugin keeps its consume journal (None: in memory)."""
+    fake = fake or Fake(
         replies={"pending": [{"ok": True, "code": "ok", "pod": PENDING_POD}], **(replies or {})},
         delays=dict(delays or {}),
     )
@@ -169,7 +173,11 @@ async def fake_node(
     )
     plugin = DevicePluginService(
         PluginConfig(
-            node=NODE, directory=directory, refit_timeout_ms=budget_ms, watch_interval=0.05
+            node=NODE,
+            directory=directory,
+            refit_timeout_ms=budget_ms,
+            watch_interval=0.05,
+            state_dir=state_dir,
         ),
         plugin_nc,
         SimulatedBackend(DEFAULT_GPUS),

@@ -402,7 +402,13 @@ def test_deviceplugin_daemonset(charts: Charts, variant: str) -> None:
     assert host_volumes[name]["type"] == "Directory"
     assert mounts[name]["mountPath"] == kubelet_dir and "subPath" not in mounts[name]
     assert flag(container, "device-plugin-dir") == kubelet_dir
-    assert set(host_volumes) == {name}, "only kubelet's device-plugin directory from the host"
+    # From the host: kubelet's device-plugin directory, and the plugin's own state directory
+    # (the consume journal must outlive the pod), nothing else.
+    state = flag(container, "state-dir")
+    (journal,) = [n for n, host in host_volumes.items() if host["path"] == state]
+    assert host_volumes[journal]["type"] == "DirectoryOrCreate"
+    assert mounts[journal]["mountPath"] == state
+    assert set(host_volumes) == {name, journal}, "only the plugin's two directories from the host"
 
     node_name = env_of(container)["NODE_NAME"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}

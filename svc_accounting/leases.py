@@ -182,23 +182,21 @@ class Leases:
 
     def may_serve(self, partition: int) -> bool:
         """Is this replica the owner of `partition` now, with time left on its lease?"""
-        lease = self.held.get(partition)
-        return (
-            lease is not None
-            and partition in self.serving
-            and self.clock() - lease.renewed_at < self.renew_deadline
-        )
+        return partition in self.serving and self._fresh(partition)
 
     def rebuilding(self, partition: int) -> bool:
         """Held with time left on the lease, not served yet: its nodes are being brought up to
         date (a takeover). A held lease past its renew deadline is not: it may be lost."""
-        lease = self.held.get(partition)
         return (
-            lease is not None
-            and partition not in self.serving
+            partition not in self.serving
             and partition not in self.releasing
-            and self.clock() - lease.renewed_at < self.renew_deadline
+            and self._fresh(partition)
         )
+
+    def _fresh(self, partition: int) -> bool:
+        """Held, and its last renewal younger than the renew deadline."""
+        lease = self.held.get(partition)
+        return lease is not None and self.clock() - lease.renewed_at < self.renew_deadline
 
     def epoch(self, partition: int) -> str | None:
         lease = self.held.get(partition)

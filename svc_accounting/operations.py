@@ -27,7 +27,7 @@ import time
 import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypedDict, TypeVar
 
 import msgspec
 
@@ -35,7 +35,7 @@ from shared import messages, subjects
 from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.commit_check import check_commit
-from shared.core.consume import ConsumeError, ConsumePlan, plan_consume
+from shared.core.consume import ConsumeError, ConsumePlan, consumed_entry, plan_consume
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.messages import (
@@ -67,7 +67,7 @@ from shared.subjects import InvalidName, shown
 from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
@@ -234,15 +234,14 @@ def deadline_of(request: AccountingRequest, received: float | None) -> Deadline 
     return Deadline(min(found)) if found else None
 
 
-def _check_in_time(deadline: Deadline | None, op: str) -> None:
+def _refuse_late(deadline: Deadline, op: str) -> NoReturn:
     """A request whose deadline has passed changes nothing: its caller gave up on it."""
-    if deadline is not None and deadline.expired:
-        late = time.monotonic() - deadline.at
-        raise Refused(
-            Code.DEADLINE_EXCEEDED,
-            f"the {op} request reached its deadline before it was served ({late * 1000:.0f} ms "
-            "late: a paused replica, a takeover, or clocks apart); nothing was done",
-        )
+    late = time.monotonic() - deadline.at
+    raise Refused(
+        Code.DEADLINE_EXCEEDED,
+        f"the {op} request reached its deadline before it was served ({late * 1000:.0f} ms "
+        "late: a paused replica, a takeover, or clocks apart); nothing was done",
+    )
 
 
 class Operations:
@@ -271,7 +270,7 @@ class Operations:
         """Partitioned accounting: does this replica answer for (and write for) the node now?"""
         self.replica: str | None = None
         self.served_partitions: Callable[[], tuple[int, ...]] | None = None
-        self.settling: dict[str, int] = {}
+        self.settling: set[str] = set()
         """Pods with a write being settled (`_settle`), by UID: a read of the pod waits for
         the outcome instead of answering what may not stay true."""
         self.on_settled: Callable[[str], None] | None = None
@@ -297,23 +296,22 @@ class Operations:
             async with asyncio.timeout(None if deadline is None else deadline.remaining()):
                 await lock.acquire()
         except TimeoutError as exc:
+            self._late()
             raise Refused(
                 Code.DEADLINE_EXCEEDED,
                 f"node {name} stayed busy until the {op} request's deadline; nothing was done",
             ) from exc
         try:
-            self._in_time(deadline, op)
+            if deadline is not None and deadline.expired:
+                self._late()
+                _refuse_late(deadline, op)
             yield
         finally:
             lock.release()
 
-    def _in_time(self, deadline: Deadline | None, op: str) -> None:
-        try:
-            _check_in_time(deadline, op)
-        except Refused:
-            if self.on_late is not None:
-                self.on_late()
-            raise
+    def _late(self) -> None:
+        if self.on_late is not None:
+            self.on_late()
 
     def _ok(self, node: NodeLedger | None) -> _Head:
         """A success's head: the node's name and revision when accounting knows it."""
@@ -415,30 +413,50 @@ class Operations:
         can never land (its precondition fails), or conflicts, and then a read shows whether
         the late write landed. Tried until settled (the API server may be down): the caller's
         deadline has passed, and the answer says what is known."""
-        uid = pod.uid
-        self.settling[uid] = self.settling.get(uid, 0) + 1
-        try:
-            return await self._fence(pod, annotations, waited)
-        finally:
-            left = self.settling.pop(uid, 1) - 1
-            if left:
-                self.settling[uid] = left
-
-    async def _fence(
-        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
-    ) -> tuple[PodInfo, set[str]]:
         fence = {keys.WRITE_FENCE: f"{self.replica or 'accounting'}:{time.time():.3f}"}
+        # One write per node at a time (the node's lock), so one settle per pod at a time.
+        self.settling.add(pod.uid)
+        try:
+            fenced = await self._until_answered(
+                pod,
+                lambda: self.kube.patch_pod_annotations(
+                    pod.namespace, pod.name, fence, pod.resource_version
+                ),
+            )
+            if fenced is None:
+                # The fence conflicted: the pod changed after the write was sent. Whether the
+                # write is what landed, a read tells.
+                fresh = await self._until_answered(
+                    pod, lambda: self.kube.get_pod(pod.namespace, pod.name)
+                )
+                if fresh is None:  # pragma: no cover - a read never conflicts
+                    raise AssertionError("a read answered 409")
+                return self._landed_or_not(pod, fresh, annotations, waited)
+        finally:
+            self.settling.discard(pod.uid)
+        self._observe(fenced)
+        self._settled("fenced")
+        raise Refused(
+            Code.DEADLINE_EXCEEDED,
+            f"patch of pod {pod.key} did not finish in {waited:.3f}s; fenced at "
+            f"resourceVersion {pod.resource_version}: it did not land and never will",
+        )
+
+    async def _until_answered(
+        self, pod: PodInfo, call: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> PodInfo | None:
+        """`call` (a write or a read of `pod`) retried with backoff until the API server
+        answers: the pod it returns, None on a 409; a pod deleted or recreated meanwhile is
+        refused (`pod_not_tracked`), its write can no longer land."""
         backoff = SETTLE_BACKOFF
         since = time.monotonic()
         while True:
             try:
                 async with asyncio.timeout(self.write_timeout):
-                    body = await self.kube.patch_pod_annotations(
-                        pod.namespace, pod.name, fence, pod.resource_version
-                    )
-                fenced = pod_from_object(body)
+                    body = await call()
+                answered = pod_from_object(body)
             except kube_io.Conflict:
-                return await self._landed_or_not(pod, annotations, waited)
+                return None
             except kube_io.NotFound as exc:
                 self._forget(pod.uid)
                 self._settled("gone")
@@ -455,51 +473,34 @@ class Operations:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, SETTLE_BACKOFF_MAX)
                 continue
-            self._observe(fenced)
-            self._settled("fenced")
-            raise Refused(
-                Code.DEADLINE_EXCEEDED,
-                f"patch of pod {pod.key} did not finish in {waited:.3f}s; fenced at "
-                f"resourceVersion {pod.resource_version}: it did not land and never will",
-            )
-
-    async def _landed_or_not(
-        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
-    ) -> tuple[PodInfo, set[str]]:
-        """The fence conflicted: the pod changed after the write was sent. Read it (retrying:
-        the answer must be known) and tell whether the write is what landed."""
-        backoff = SETTLE_BACKOFF
-        while True:
-            try:
-                async with asyncio.timeout(self.write_timeout):
-                    body = await self.kube.get_pod(pod.namespace, pod.name)
-                fresh = pod_from_object(body)
-            except kube_io.NotFound as exc:
-                self._forget(pod.uid)
-                self._settled("gone")
-                raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} was deleted") from exc
-            except (TimeoutError, kube_io.KubeError, CoreError):
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, SETTLE_BACKOFF_MAX)
-                continue
-            if fresh.uid != pod.uid:
+            if answered.uid != pod.uid:
                 self._forget(pod.uid)
                 self._settled("gone")
                 raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} was recreated")
-            changed = self._observe(fresh)
-            if all(fresh.annotations.get(k) == v for k, v in annotations.items()):
-                self._settled("landed")
-                log.info(
-                    "a write whose answer did not come landed",
-                    extra={"pod": pod.key, "waited_s": round(waited, 3)},
-                )
-                return fresh, changed
-            self._settled("changed")
-            raise Refused(
-                Code.CONFLICT,
-                f"patch of pod {pod.key} did not finish in {waited:.3f}s and did not land: "
-                "the pod changed meanwhile",
+            return answered
+
+    def _landed_or_not(
+        self,
+        pod: PodInfo,
+        fresh: PodInfo,
+        annotations: Mapping[str, str | None],
+        waited: float,
+    ) -> tuple[PodInfo, set[str]]:
+        """The pod as read after the fence conflicted: did the write land?"""
+        changed = self._observe(fresh)
+        if all(fresh.annotations.get(k) == v for k, v in annotations.items()):
+            self._settled("landed")
+            log.info(
+                "a write whose answer did not come landed",
+                extra={"pod": pod.key, "waited_s": round(waited, 3)},
             )
+            return fresh, changed
+        self._settled("changed")
+        raise Refused(
+            Code.CONFLICT,
+            f"patch of pod {pod.key} did not finish in {waited:.3f}s and did not land: "
+            "the pod changed meanwhile",
+        )
 
     def _settled(self, outcome: str) -> None:
         if self.on_settled is not None:
@@ -899,29 +900,13 @@ class Operations:
             raise Refused(Code.NOTHING_PENDING, f"node {name} has no pod waiting for allocation")
         self._check_bound(tracked)
         devices, requested = r.devices, r.container_index
-        rows = tracked.rows or ()
-        if (
-            uid
-            and requested is not None
-            and 0 <= requested < min(len(rows), len(tracked.pod.containers))
-            and not _pending_entry(tracked, requested)
-            and rows[requested]
-            and sorted(d.uuid for d in rows[requested]) == sorted(devices)
-        ):
+        repeated = consumed_entry(tracked, devices, requested) if uid else None
+        if repeated is not None and requested is not None:
             # The same consume again (the device plugin resends one whose answer it never got:
-            # the first may have landed before a takeover): the entry is consumed on exactly
-            # these GPUs already, so it is answered ok and nothing is written or counted again.
-            reply = ConsumeReply(
-                **self._ok(node),
-                pod_uid=tracked.pod.uid,
-                pod_namespace=tracked.pod.namespace,
-                pod_name=tracked.pod.name,
-                container_index=requested,
-                container_name=tracked.pod.containers[requested].name,
-                container_devices=codec.encode_container(rows[requested]),
-                drifted=False,
-                bind_phase=tracked.pod.annotations.get(keys.BIND_PHASE, ""),
-            )
+            # the first may have landed before a takeover): answered ok, nothing is written or
+            # counted again.
+            phase = tracked.pod.annotations.get(keys.BIND_PHASE, "")
+            reply = self._consumed(node, tracked, requested, repeated, False, phase)
             return Outcome(reply, set())
         known = frozenset(d.id for d in node.devices or ())
 
@@ -956,18 +941,32 @@ class Operations:
                 f"{', '.join(d.uuid for d in consumed.allocated_entry)}, not the reserved "
                 f"{', '.join(d.uuid for d in consumed.reserved)}; accounting follows what runs",
             )
-        reply = ConsumeReply(
+        phase = consumed.annotations.get(keys.BIND_PHASE, "")
+        reply = self._consumed(
+            node, tracked, consumed.index, consumed.allocated_entry, consumed.drifted, phase
+        )
+        return Outcome(reply, changed)
+
+    def _consumed(
+        self,
+        node: NodeLedger,
+        tracked: TrackedPod,
+        index: int,
+        entry: ContainerEntry,
+        drifted: bool,
+        phase: str,
+    ) -> ConsumeReply:
+        return ConsumeReply(
             **self._ok(node),
             pod_uid=tracked.pod.uid,
             pod_namespace=tracked.pod.namespace,
             pod_name=tracked.pod.name,
-            container_index=consumed.index,
-            container_name=tracked.pod.containers[consumed.index].name,
-            container_devices=codec.encode_container(consumed.allocated_entry),
-            drifted=consumed.drifted,
-            bind_phase=consumed.annotations.get(keys.BIND_PHASE, ""),
+            container_index=index,
+            container_name=tracked.pod.containers[index].name,
+            container_devices=codec.encode_container(entry),
+            drifted=drifted,
+            bind_phase=phase,
         )
-        return Outcome(reply, changed)
 
     async def pending(self, name: str, r: PendingRequest) -> Outcome:
         node = self.ledger.get(name)
@@ -1091,7 +1090,6 @@ class Operations:
                     async with self._locked(name, deadline, op):
                         pass
                 return await self._run(name, request)
-            self._in_time(deadline, op)
             async with self._locked(name, deadline, op):
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited

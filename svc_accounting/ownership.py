@@ -115,8 +115,11 @@ class Ownership:
         so that none goes unanswered around the handover: answering one twice is harmless
         (the caller reads the first answer)."""
         leases = self.leases
-        if leases is None or k in leases.releasing or k in leases.held:
-            # Held: this replica's only while its lease is fresh (a lease past its renew
-            # deadline may be someone else's already, e.g. after this process was paused).
-            return leases is not None and leases.rebuilding(k)
+        if leases is None:
+            return False
+        if k in leases.held:
+            # Held: this replica's only while being brought up to date with its lease fresh
+            # (not while handed over; a lease past its renew deadline may be someone else's
+            # already, e.g. after this process was paused).
+            return leases.rebuilding(k)
         return k in leases.wanted and (leases.unowned(k) or not changes)

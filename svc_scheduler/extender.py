@@ -491,13 +491,7 @@ class Extender:
             return binding_result(message), label
         try:
             reply = await self.accounting.ask(
-                BindPhaseRequest(
-                    pod_uid=args.pod_uid,
-                    phase=keys.PHASE_ALLOCATING,
-                    node=args.node,
-                    pod_namespace=args.pod_namespace,
-                    pod_name=args.pod_name,
-                ),
+                _phase_request(args, keys.PHASE_ALLOCATING),
                 BindPhaseReply,
                 self._bind_budget(deadline, FAILURE_RESERVE),
             )
@@ -604,13 +598,7 @@ class Extender:
     async def _bind_failed(self, args: BindingArgs, deadline: Deadline) -> None:
         try:
             await self.accounting.ask(
-                BindPhaseRequest(
-                    pod_uid=args.pod_uid,
-                    phase=keys.PHASE_FAILED,
-                    node=args.node,
-                    pod_namespace=args.pod_namespace,
-                    pod_name=args.pod_name,
-                ),
+                _phase_request(args, keys.PHASE_FAILED),
                 BindPhaseReply,
                 self._bind_budget(deadline),
             )
@@ -639,3 +627,15 @@ def check_node_names(names: tuple[str, ...]) -> None:
         return
     for i, name in enumerate(names):  # the first invalid one, for the error
         subjects.check_name(name, f"NodeNames[{i}]")
+
+
+def _phase_request(args: BindingArgs, phase: str) -> BindPhaseRequest:
+    """The bind-phase request for the pod a bind names: its UID, and its name, so that
+    accounting refuses a UID that belongs to another pod before it writes anything."""
+    return BindPhaseRequest(
+        pod_uid=args.pod_uid,
+        phase=phase,
+        node=args.node,
+        pod_namespace=args.pod_namespace,
+        pod_name=args.pod_name,
+    )

@@ -84,5 +84,22 @@ def plan_consume(
     return ConsumePlan(index, reserved, actual, annotations, drifted)
 
 
+def consumed_entry(
+    tracked: TrackedPod, devices: Sequence[str], index: int | None
+) -> ContainerEntry | None:
+    """The entry of container `index` when that container is consumed already, on exactly
+    `devices` (its pending entry blank, its allocated one on those GPUs): the same consume
+    again, resent by a device plugin that never got the first answer. None otherwise."""
+    rows, pending = tracked.rows, tracked.pending_rows
+    if index is None or rows is None:
+        return None
+    if not 0 <= index < min(len(rows), len(tracked.pod.containers)):
+        return None
+    if pending is not None and index < len(pending) and pending[index]:
+        return None
+    entry = rows[index]
+    return entry if entry and sorted(d.uuid for d in entry) == sorted(devices) else None
+
+
 def _moved(device: ContainerDevice, uuid: str) -> ContainerDevice:
     return ContainerDevice(uuid, device.type, device.usedmem, device.usedcores)

@@ -76,20 +76,10 @@ def _type_list(text: str | None) -> tuple[str, ...]:
     return tuple(t.strip().lower() for t in text.split(",") if t.strip())
 
 
-_OPTION_KEYS = (
-    keys.GPU_POLICY,
-    keys.NUMA_BIND,
-    keys.USE_UUID,
-    keys.NOUSE_UUID,
-    keys.USE_TYPE,
-    keys.NOUSE_TYPE,
-    keys.VGPU_MODE,
-    keys.SCORING_WEIGHTS,
-    # Not fit settings, but read from the same pods: checked here so that the filter (which
-    # reads the pod's settings only through fit_options) refuses what the webhook refuses.
-    keys.NODE_POLICY,
-    keys.NUMA_ALIGNMENT,
-)
+_OPTION_KEYS = inputs.READ_ANNOTATIONS
+"""Every annotation numafit reads, node policy and alignment included (not fit settings, but
+read from the same pods: checked here so that the filter, which reads a pod's settings only
+through fit_options, refuses what the webhook refuses)."""
 OPTIONS_CACHE = 1024
 """Distinct settings remembered: most pods carry none of these annotations, or a few shapes."""
 OPTIONS_CACHE_LENGTH = 4096
@@ -107,17 +97,18 @@ def fit_options(annotations: Mapping[str, str], config: CoreConfig) -> FitOption
 
 
 def _parse_options(values: tuple[str | None, ...], default_policy: str) -> FitOptions:
-    inputs.check_annotations(dict(zip(_OPTION_KEYS, values, strict=True)))
-    policy, numa_bind, use_uuids, nouse_uuids, use_types, nouse_types, mode, weights = values[:8]
+    given = dict(zip(_OPTION_KEYS, values, strict=True))
+    inputs.check_annotations(given)
+    policy = given[keys.GPU_POLICY]
     return FitOptions(
         policy=parse_policy(default_policy if policy is None else policy),
-        numa_bind=parse_go_bool((numa_bind or "").strip()) is True,
-        use_uuids=parse_uuid_list(use_uuids),
-        nouse_uuids=parse_uuid_list(nouse_uuids),
-        use_types=_type_list(use_types),
-        nouse_types=_type_list(nouse_types),
-        vgpu_mode=mode or None,
-        weights=parse_scoring_weights(weights),
+        numa_bind=parse_go_bool((given[keys.NUMA_BIND] or "").strip()) is True,
+        use_uuids=parse_uuid_list(given[keys.USE_UUID]),
+        nouse_uuids=parse_uuid_list(given[keys.NOUSE_UUID]),
+        use_types=_type_list(given[keys.USE_TYPE]),
+        nouse_types=_type_list(given[keys.NOUSE_TYPE]),
+        vgpu_mode=given[keys.VGPU_MODE] or None,
+        weights=parse_scoring_weights(given[keys.SCORING_WEIGHTS]),
     )
 
 

@@ -1,0 +1,44 @@
+"""Fixtures of the real tier. `control_plane` (session): etcd, kube-apiserver and
+kube-controller-manager on loopback (tests/real/controlplane.py); every test that asks for it
+is skipped with one line where KUBEBUILDER_ASSETS does not name the binaries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.real.controlplane import Assets, ControlPlane
+from tests.real.stack import NumafitStack
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+@pytest.fixture(scope="session")
+def real_assets() -> Assets:
+    found = Assets.find()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    real_assets: Assets, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    with ControlPlane.started(real_assets, tmp_path_factory.mktemp("control-plane")) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def numafit(control_plane: ControlPlane) -> Iterator[NumafitStack]:
+    """numafit deployed as its Helm charts render it on `control_plane` (tests/real/stack.py):
+    accounting (two replicas), refit, the extender and webhook over HTTPS, and kube-scheduler
+    with the chart's KubeSchedulerConfiguration."""
+    stack = NumafitStack(control_plane)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()

@@ -1,6 +1,10 @@
 """Fixtures of the real tier. `control_plane` (session): etcd, kube-apiserver and
-kube-controller-manager on loopback (tests/real/controlplane.py); every test that asks for it
-is skipped with one line where KUBEBUILDER_ASSETS does not name the binaries."""
+kube-controller-manager on loopback (tests/real/controlplane.py); `numafit` (session): numafit
+deployed on it as its Helm charts render it (tests/real/stack.py).
+
+Where KUBEBUILDER_ASSETS does not name the binaries, each module skips itself at collection
+(`pytestmark = real_tier()`, tests/real/tier.py: one line for the whole tier); a test of a
+module without it is skipped by these fixtures."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from tests.real.stack import NumafitStack
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
 
 
 @pytest.fixture(scope="session")

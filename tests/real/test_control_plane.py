@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.real.controlplane import Assets, ControlPlane
+from tests.real.tier import real_tier
 from tests.real.waiting import poll
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = pytest.mark.real
+pytestmark = real_tier()
 
 
 def test_admin_and_controllers_serve(control_plane: ControlPlane) -> None:

@@ -157,3 +157,121 @@ def test_fallback_containers_fire_after_thirty_minutes(tmp_path: Path) -> None:
             }
         ],
     )
+
+
+DRIFT = "numafit_accounting_allocation_drift_total"
+REFITS = "numafit_deviceplugin_refits_total"
+UNEXPLAINED = "NumafitUnexplainedAllocationDrift"
+
+
+def rule(name: str) -> dict[str, Any]:
+    rules = yaml.safe_load(ALERTS.read_text())
+    (found,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == name]
+    assert isinstance(found, dict)
+    return found
+
+
+def drift_case(
+    series: list[dict[str, str]], quiet: list[str], firing: dict[str, str]
+) -> dict[str, Any]:
+    """One promtool case of the unexplained-drift alert: `quiet` evaluation times with no
+    alert, `firing` evaluation times with the number of unexplained drifts it reports."""
+    tests: list[dict[str, Any]] = [
+        {"eval_time": t, "alertname": UNEXPLAINED, "exp_alerts": []} for t in quiet
+    ]
+    annotations = rule(UNEXPLAINED)["annotations"]
+    for at, count in firing.items():
+        description = annotations["description"].replace("{{ $value | humanize }}", count)
+        alert = {
+            "exp_labels": {"severity": "warning"},
+            "exp_annotations": {"summary": annotations["summary"], "description": description},
+        }
+        tests.append({"eval_time": at, "alertname": UNEXPLAINED, "exp_alerts": [alert]})
+    return {"interval": "1m", "input_series": series, "alert_rule_test": tests}
+
+
+def test_drift_of_pods_not_opted_in_does_not_fire(tmp_path: Path) -> None:
+    everywhere = ["5m", "30m", "1h", "2h"]
+    cases = [
+        # Two nodes' drift, every one of them a mismatch of a pod without
+        # hami.io/numa-alignment (the device plugins count them not_opted_in): what `numafit up`
+        # and compose produce from their first minute on, by design.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"},
+                {"series": f'{DRIFT}{{node="n2"}}', "values": "0+1x150"},
+                {
+                    "series": f'{REFITS}{{mode="none",result="not_opted_in",node="n1"}}',
+                    "values": "0+2x150",
+                },
+                {
+                    "series": f'{REFITS}{{mode="none",result="not_opted_in",node="n2"}}',
+                    "values": "0+1x150",
+                },
+                {
+                    "series": f'{REFITS}{{mode="best-effort",result="moved",node="n1"}}',
+                    "values": "0+5x150",
+                },
+            ],
+            quiet=everywhere,
+            firing={},
+        ),
+        # Not opted in, best-effort fallbacks and best-effort timeouts together explain it.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+3x150"},
+                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0+1x150"},
+                {
+                    "series": f'{REFITS}{{mode="best-effort",result="fallback"}}',
+                    "values": "0+1x150",
+                },
+                {"series": f'{REFITS}{{mode="best-effort",result="timeout"}}', "values": "0+1x150"},
+            ],
+            quiet=everywhere,
+            firing={},
+        ),
+        # The plugin's count lags accounting's by a scrape (two processes, scraped apart): the
+        # difference at the window's edges is no drift to act on.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+4x150"},
+                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0 0+4x149"},
+            ],
+            quiet=everywhere,
+            firing={},
+        ),
+        # No device plugin scraped: nothing tells expected drift from unexpected, so no alert.
+        drift_case(
+            [{"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"}],
+            quiet=everywhere,
+            firing={},
+        ),
+    ]
+    promtool_test(tmp_path, cases)
+
+
+def test_drift_no_policy_explains_fires_after_ten_minutes(tmp_path: Path) -> None:
+    cases = [
+        # 2 drifts a minute, 1 explained (not opted in): 60 unexplained in the hour. Strict
+        # timeouts fail the admission (nothing is allocated), so they explain no drift.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"},
+                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0+1x150"},
+                {"series": f'{REFITS}{{mode="strict",result="timeout"}}', "values": "0+1x150"},
+            ],
+            quiet=["5m"],
+            firing={"30m": "30", "1h": "60", "2h": "60"},
+        ),
+        # A burst of 20 unexplained drifts at 30m, then none: firing from ten minutes after
+        # it until it has left the hour's window.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0x30 20+0x120"},
+                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0x150"},
+            ],
+            quiet=["29m", "35m", "95m"],
+            firing={"45m": "20", "80m": "20"},
+        ),
+    ]
+    promtool_test(tmp_path, cases)

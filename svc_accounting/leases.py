@@ -67,6 +67,8 @@ NO_JETSTREAM = (
     "JetStream key-value bucket): run nats-server with -js, or run one accounting replica "
     "with --partitions 0"
 )
+LOST_STREAM = (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError)
+"""What a KV call raises when the bucket's stream no longer exists."""
 OPEN_TIMEOUT = 15.0
 """Seconds start-up keeps trying to open the lease bucket."""
 EXPIRY_MARGIN = 0.05
@@ -259,6 +261,16 @@ class Leases:
                 "bucket to change it)"
             )
 
+    async def _reopen(self) -> None:
+        """The bucket's stream is gone (a single NATS server restarted: memory streams do not
+        survive it): create it again, so the replicas take their partitions anew instead of
+        failing every round for good."""
+        try:
+            await self._open()
+            log.info("lease bucket opened again", extra={"bucket": self.bucket})
+        except (ConnectionError, nats.errors.Error, TimeoutError, OSError) as exc:
+            log.warning("lease bucket cannot be opened again", extra={"error": str(exc)[:200]})
+
     async def _create(self, js: object) -> KeyValue:
         # Replicated across the cluster where there is one: R3, else as many as there are.
         for replicas in (3, 1):
@@ -296,6 +308,8 @@ class Leases:
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
                     failed = True
                     log.warning("lease round failed", extra={"error": str(exc)[:200]})
+                    if isinstance(exc, LOST_STREAM):
+                        await self._reopen()
                 await self._expire_stale()
                 wait = self.renew_every - (self.clock() - started)
                 due = self._next_takeover()

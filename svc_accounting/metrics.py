@@ -142,7 +142,9 @@ class AccountingMetrics:
             "numafit_accounting_unknown_writes",
             "Writes whose answer did not come in time, by how they were settled: fenced (a "
             "guarded write of accounting's own made the late one impossible), landed, changed "
-            "(the pod changed meanwhile, so it could not land), gone (the pod was deleted).",
+            "(the pod changed meanwhile, so it could not land), gone (the pod was deleted), "
+            "superseded (a takeover found a previous owner's recorded write and the pod had "
+            "moved on: it can no longer land).",
             ["outcome"],
             registry=self.registry,
         )

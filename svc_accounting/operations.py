@@ -27,7 +27,7 @@ import time
 import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol, TypedDict, TypeVar
 
 import msgspec
 
@@ -64,6 +64,7 @@ from shared.messages import (
 from shared.service import kube_io
 from shared.service.lifecycle import Deadline
 from shared.subjects import InvalidName, shown
+from svc_accounting.intents import IntentUnavailable, intent_for
 from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
     from shared.service.kube_io import Kube
+    from svc_accounting.intents import IntentLog, WriteIntent
     from svc_accounting.unbound import UnboundPods
 
 log = logging.getLogger("numafit.accounting")
@@ -120,6 +122,19 @@ the node's partition)."""
 """Nodes whose ledger changed while serving the current request (writes and re-reads)."""
 
 P = TypeVar("P")
+
+
+class _PodRef(Protocol):
+    """What settling a write needs of its pod (a PodInfo, or a recorded WriteIntent)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def key(self) -> str: ...
 
 
 class _Addressed(msgspec.Struct, frozen=True):
@@ -277,6 +292,9 @@ class Operations:
         """Told how each write whose answer did not come was settled (a metric)."""
         self.on_late: Callable[[], None] | None = None
         """Told of each request refused because its deadline had passed (a metric)."""
+        self.intents: IntentLog | None = None
+        """Partitioned accounting: where each claim-carrying write's intent is recorded before
+        it is sent, for the partition's next owner to settle (svc_accounting/intents.py)."""
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -365,9 +383,11 @@ class Operations:
         self, pod: PodInfo, annotations: Mapping[str, str | None], *, settle: bool = False
     ) -> tuple[PodInfo, set[str]]:
         """One guarded write, then the ledger follows what the server returned. A 409 is
-        raised as `_Stale` for the caller to decide what it means. With `settle`, a write
-        whose answer does not come in time is settled before anything else happens on the
-        node (`_settle`): the reply then says what became of it."""
+        raised as `_Stale` for the caller to decide what it means. With `settle` (a write that
+        claims capacity), the write's intent is recorded first where the partition's next
+        owner reads it (svc_accounting/intents.py), and a write whose answer does not come in
+        time is settled before anything else happens on the node (`_settle`): the reply then
+        says what became of it."""
         budget = self._budget(settle)
         node = _NODE.get()
         if node and not self.serves(node):
@@ -377,6 +397,50 @@ class Operations:
                 Code.NODE_UNAVAILABLE,
                 f"this accounting replica no longer owns node {node}'s partition; retry",
             )
+        started = time.monotonic()
+        intent = await self._intend(pod, node, budget) if settle else None
+        try:
+            left = budget - (time.monotonic() - started)
+            if left < MIN_WRITE_BUDGET:
+                raise Refused(
+                    Code.DEADLINE_EXCEEDED,
+                    f"only {int(left * 1000)} ms of the caller's budget left after recording the "
+                    "write's intent; nothing was written",
+                )
+            return await self._send(pod, annotations, left, settle)
+        except asyncio.CancelledError:
+            intent = None  # outcome unknown: left for whoever takes the partition over next
+            raise
+        finally:
+            if intent is not None and self.intents is not None:
+                self.intents.clear(intent)
+
+    async def _intend(self, pod: PodInfo, node: str, budget: float) -> str | None:
+        """Record the write's intent (partitioned accounting only); its key. Refused with
+        `node_unavailable` when the bucket does not take it: unrecorded, a write that lands
+        late would be invisible to the next owner, so it is not sent."""
+        k = self.ledger.partition(node) if node else None
+        if self.intents is None or k is None:
+            return None
+        try:
+            return await self.intents.record(
+                k,
+                intent_for(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    node,
+                    pod.resource_version,
+                    self.replica or "accounting",
+                ),
+                budget / 2,
+            )
+        except IntentUnavailable as exc:
+            raise Refused(Code.NODE_UNAVAILABLE, f"{exc}; nothing was written, retry") from exc
+
+    async def _send(
+        self, pod: PodInfo, annotations: Mapping[str, str | None], budget: float, settle: bool
+    ) -> tuple[PodInfo, set[str]]:
         try:
             async with asyncio.timeout(budget):
                 body = await self.kube.patch_pod_annotations(
@@ -394,6 +458,10 @@ class Operations:
             self._forget(pod.uid)
             raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} no longer exists") from exc
         except kube_io.KubeError as exc:
+            if settle and exc.outcome_unknown:
+                # No answer after the request left (a reset connection, the server's 504):
+                # it may still be committed, so it is settled like a timeout.
+                return await self._settle(pod, annotations, budget, cause=str(exc))
             raise Refused(Code.API_ERROR, f"cannot patch pod annotations: {exc}") from exc
         try:
             written = pod_from_object(body)
@@ -404,7 +472,12 @@ class Operations:
         return written, self._observe(written)
 
     async def _settle(
-        self, pod: PodInfo, annotations: Mapping[str, str | None], waited: float
+        self,
+        pod: PodInfo,
+        annotations: Mapping[str, str | None],
+        waited: float,
+        *,
+        cause: str | None = None,
     ) -> tuple[PodInfo, set[str]]:
         """A write's answer did not come within `waited` seconds: the API server may still
         commit it. Its claim must not be dropped while it may land, so it is settled now, with
@@ -413,7 +486,7 @@ class Operations:
         can never land (its precondition fails), or conflicts, and then a read shows whether
         the late write landed. Tried until settled (the API server may be down): the caller's
         deadline has passed, and the answer says what is known."""
-        fence = {keys.WRITE_FENCE: f"{self.replica or 'accounting'}:{time.time():.3f}"}
+        fence = self._fence()
         # One write per node at a time (the node's lock), so one settle per pod at a time.
         self.settling.add(pod.uid)
         try:
@@ -436,14 +509,53 @@ class Operations:
             self.settling.discard(pod.uid)
         self._observe(fenced)
         self._settled("fenced")
+        what = f"did not finish in {waited:.3f}s" if cause is None else f"failed ({cause})"
         raise Refused(
-            Code.DEADLINE_EXCEEDED,
-            f"patch of pod {pod.key} did not finish in {waited:.3f}s; fenced at "
-            f"resourceVersion {pod.resource_version}: it did not land and never will",
+            Code.DEADLINE_EXCEEDED if cause is None else Code.API_ERROR,
+            bounded(
+                f"patch of pod {pod.key} {what}; fenced at resourceVersion "
+                f"{pod.resource_version}: it did not land and never will"
+            ),
         )
 
+    async def settle_intent(self, intent: WriteIntent) -> str:
+        """A takeover's first duty for each write the partition's previous owner (or an
+        earlier run) recorded and may not have seen answered: end it. A guarded write of this
+        replica's own at the intent's resourceVersion either lands (the late write can never
+        land now) or conflicts (the pod moved on: the write landed, or another did, and can
+        no longer); the pod as it then is goes into the ledger. Retried until the API server
+        answers (the caller bounds it: the partition is not served meanwhile). The outcome:
+        `fenced`, `superseded` or `gone`."""
+        fence = self._fence()
+        try:
+            fenced = await self._until_answered(
+                intent,
+                lambda: self.kube.patch_pod_annotations(
+                    intent.namespace, intent.name, fence, intent.resource_version
+                ),
+            )
+            if fenced is None:
+                fresh = await self._until_answered(
+                    intent, lambda: self.kube.get_pod(intent.namespace, intent.name)
+                )
+                if fresh is None:  # pragma: no cover - a read never conflicts
+                    raise AssertionError("a read answered 409")
+                self._observe(fresh)
+                self._settled("superseded")
+                return "superseded"
+        except Refused:
+            return "gone"  # deleted or recreated: nothing of it can land
+        self._observe(fenced)
+        self._settled("fenced")
+        return "fenced"
+
+    def _fence(self) -> dict[str, str | None]:
+        """The annotation a fencing write sets (who fenced, when): a write of its own that
+        changes the resourceVersion a late write was guarded on."""
+        return {keys.WRITE_FENCE: f"{self.replica or 'accounting'}:{time.time():.3f}"}
+
     async def _until_answered(
-        self, pod: PodInfo, call: Callable[[], Awaitable[dict[str, Any]]]
+        self, pod: _PodRef, call: Callable[[], Awaitable[dict[str, Any]]]
     ) -> PodInfo | None:
         """`call` (a write or a read of `pod`) retried with backoff until the API server
         answers: the pod it returns, None on a 409; a pod deleted or recreated meanwhile is

@@ -42,6 +42,7 @@ from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
+from svc_accounting.intents import IntentLog
 from svc_accounting.leases import (
     DEFAULT_BUCKET,
     DEFAULT_PARTITIONS,
@@ -211,6 +212,7 @@ class AccountingService:
             )
             self.ledger.partition_count = partitions
             self.metrics.partitions_total.set(partitions)
+            self.ops.intents = IntentLog(nc, bucket=lease_bucket, timeout=self.leases.kv_timeout)
         self.ownership = Ownership(self.leases, takeover_wait=takeover_wait)
         self.ops.serves = self.ownership.serves
         self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
@@ -235,6 +237,8 @@ class AccountingService:
         if self.leases is not None:
             # Take what nobody holds (and bring it up to date) before answering anything.
             await self.leases.open()
+            if self.ops.intents is not None:
+                await self.ops.intents.open()
             await self.leases.first_round()
         service = await nats.micro.add_service(
             self.nc,
@@ -289,6 +293,8 @@ class AccountingService:
         service, self._service = self._service, None
         await natsconn.stop_service(self.nc, service)
         await self.supervisor.stop(grace)
+        if self.ops.intents is not None:
+            await self.ops.intents.settle_all()
 
     async def on_reconnect(self) -> None:
         """Readers may have missed updates while the connection was down: republish all."""
@@ -322,6 +328,7 @@ class AccountingService:
         the API server (the watch may lag the previous owner's last writes), give them their
         new epochs, publish them (readers see the epoch change and refresh), then serve."""
         started = time.monotonic()
+        await self._settle_intents(set(acquired))
         self.ledger.epochs.update(acquired)
         if self._rebuilt_at is None or time.monotonic() - self._rebuilt_at > FRESH_LEDGER_SECONDS:
             await self._relist("nodes")
@@ -336,6 +343,32 @@ class AccountingService:
             node.changed()  # a new revision under the new epoch
         await self.publish(nodes, force=set(acquired))
         self.metrics.takeover.observe(time.monotonic() - started)
+
+    async def _settle_intents(self, partitions: set[int]) -> None:
+        """Before a taken-over partition is served, every write its previous owner recorded
+        and may still see land is ended (svc_accounting/intents.py): the relist that follows
+        then shows what the API server will keep. Bounded: an API server that does not answer
+        fails the takeover (the partitions are handed back and taken again next round)
+        instead of serving a partition with writes of unknown outcome."""
+        intents = self.ops.intents
+        if intents is None or self.leases is None:
+            return
+        async with asyncio.timeout(self.leases.renew_every):
+            for key, intent in await intents.pending(partitions):
+                if intent is not None:
+                    outcome = await self.ops.settle_intent(intent)
+                    log.info(
+                        "a previous owner's write settled at takeover",
+                        extra={
+                            "pod": intent.key,
+                            "node": intent.node,
+                            "writer": intent.replica,
+                            "resource_version": intent.resource_version,
+                            "outcome": outcome,
+                            "age_s": round(time.time() - intent.at, 3),
+                        },
+                    )
+                await intents.forget(key)
 
     def _ownership_changed(self, change: OwnershipChange) -> None:
         """Counted, and the owned gauge follows (only here: it is not worth a look per

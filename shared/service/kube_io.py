@@ -24,9 +24,18 @@ if TYPE_CHECKING:
 class KubeError(Exception):
     """An API call failed (status in `.status`, 0 when no HTTP answer came back)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, *, sent: bool = True) -> None:
         super().__init__(message)
         self.status = status
+        self.sent = sent
+        """False when the request provably never reached the server (no connection)."""
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """A write failing like this may still have been committed: no answer came back after
+        the request was sent (a reset connection), or the API server's own 504 ("request did
+        not complete within requested timeout": etcd may still commit it)."""
+        return self.status == 504 or (self.status == 0 and self.sent)
 
 
 class Conflict(KubeError):
@@ -100,6 +109,8 @@ async def _call(coro_factory: Callable[[], Any], what: str) -> Any:
             exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str) else b"", what
         )
         raise  # pragma: no cover - _raise_for always raises
+    except aiohttp.ClientConnectorError as exc:
+        raise KubeError(f"{what}: {exc}", sent=False) from exc
     except aiohttp.ClientError as exc:
         raise KubeError(f"{what}: {exc}") from exc
 

@@ -98,11 +98,15 @@ class SchedulerHttp:
         self._site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         await self._site.start()
         server = self._site._server
-        if self.port == 0 and server is not None:
-            sockets = getattr(server, "sockets", None) or []
-            if sockets:
-                self.port = sockets[0].getsockname()[1]
-        log.info("extender listening", extra={"url": self.url})
+        sockets = (getattr(server, "sockets", None) or []) if server is not None else []
+        if self.port == 0 and sockets:
+            self.port = sockets[0].getsockname()[1]
+        # The address really listened on (0.0.0.0 in a container), not `url`, which names the
+        # loopback address a client on this host would use.
+        bound = sockets[0].getsockname()[0] if sockets else self.host
+        scheme = "https" if self.ssl_context is not None else "http"
+        host = f"[{bound}]" if ":" in bound else bound
+        log.info("extender listening", extra={"url": f"{scheme}://{host}:{self.port}"})
 
     async def stop(self, grace: float) -> None:
         """Stop accepting connections, let in-flight requests finish within `grace`."""

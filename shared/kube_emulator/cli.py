@@ -105,7 +105,8 @@ async def serve(
                 else:
                     emulator.write_kubeconfig(kubeconfig_out)
                 log.info("kubeconfig written", extra={"path": kubeconfig_out})
-            log.info("ready", extra={"url": emulator.url})
+            # The URL clients are given (the kubeconfig's), e.g. the advertised service name.
+            log.info("ready", extra={"url": advertise_url or emulator.url})
             await stopping.wait()
             log.info("shutting down", extra={"signal": caught[0] if caught else None})
     finally:

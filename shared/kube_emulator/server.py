@@ -135,7 +135,11 @@ class KubeEmulator:
             raise
         self._runner = runner
         self._port = int(sock.getsockname()[1])
-        log.info("kube emulator listening", extra={"url": self.url})
+        # The address really listened on (0.0.0.0 in a container), not `url`, which names the
+        # loopback address a client on this host would use.
+        bound = str(sock.getsockname()[0])
+        host = f"[{bound}]" if ":" in bound else bound
+        log.info("kube emulator listening", extra={"url": f"http://{host}:{self._port}"})
 
     async def stop(self) -> None:
         """End every watch, then close the server (in-flight requests get shutdown_timeout_s)."""

@@ -385,3 +385,80 @@ async def test_a_paused_owner_carries_out_nothing_it_reads_late(
     assert answers.twice() == {}, context
     assert on_gpu(by_name["x"]) == "GPU-a", f"x was refused, then moved anyway; {context}"
     assert on_gpu(by_name["filler"]) == "GPU-a", context
+
+
+async def test_an_owner_paused_with_its_write_in_flight_never_lets_it_land_late(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The issue's case across a pause: the owner sends X's move to GPU-b (40000 MiB, empty)
+    and the API server holds the PATCH; the owner is stopped (SIGSTOP) past its lease; the
+    other replica takes over, lists the pods (X's write is not there yet) and moves Y, Z and W
+    (12000 MiB each) to GPU-b. Before the fix X's write then landed: 48000/40000 MiB. Now the
+    new owner learns of the write under way (its recorded intent) and fences it before it
+    serves: the late write can never land."""
+    first, second = names_where_first_wants_the_partition()
+    async with KubeEmulator() as emulator:
+        kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        kube = await kube_for(kubeconfig)
+        bucket = f"fencing-inflight-{tmp_path.name[-30:]}"
+        a = replica(first, nats_url, kubeconfig, tmp_path, bucket)
+        b = replica(second, nats_url, kubeconfig, tmp_path, bucket)
+        refit_service = service("refit", nats_url, kubeconfig, tmp_path)
+        nc = await natsconn.connect(nats_url, "chaos-fencing")
+        paused = False
+        replies: dict[str, dict[str, Any]] = {}
+        try:
+            movers, _ = await seed(kube, holds=0, movers=4)
+            x, *others = movers
+            a.start()
+            await a.wait_ready()
+            await wait_for(lambda: owns(a), within=10)
+            b.start()
+            refit_service.start()
+            await b.wait_ready()
+            await refit_service.wait_ready()
+            # Long enough for the takeover and the three moves to happen while it is held.
+            # (The refit's own request gives up long before: X's refit is not answered ok.)
+            emulator.faults.add(
+                method="PATCH",
+                path_regex=r"/namespaces/ml/pods/mover-0$",
+                delay_s=9.0,
+                times=1,
+                outlive_client=True,
+            )
+            x_refit = asyncio.ensure_future(refit(nc, x, wait=10))
+            await wait_for(lambda: emulator.faults.in_flight == 1, within=5)
+            assert a.process is not None
+            a.process.send_signal(signal.SIGSTOP)
+            paused = True
+            await wait_for(lambda: owns(b), within=15)
+            for other in others:
+                name = other["metadata"]["name"]
+
+                async def moved(target: dict[str, Any] = other, key: str = name) -> bool:
+                    replies[key] = await refit(nc, target)
+                    return replies[key].get("succeeded") is True
+
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(moved, within=8)
+            # The held PATCH is served (after its delay) while its sender is still stopped:
+            # nothing of the sender can settle it now.
+            await wait_for(lambda: emulator.faults.in_flight == 0, within=15)
+            a.process.send_signal(signal.SIGCONT)
+            paused = False
+            replies["mover-0"] = await x_refit
+            current = await list_pods(kube)
+        finally:
+            if paused and a.process is not None:
+                a.process.send_signal(signal.SIGCONT)
+            await natsconn.close(nc)
+            stop_all([refit_service, b, a])
+            await kube.api.close()
+    context = f"replies {replies}\nA:\n{a.tail(30)}\nB:\n{b.tail(30)}"
+    assert gpu_b_memory(current) <= GPU_B_MEM, context
+    by_name = {p["metadata"]["name"]: p for p in current}
+    for name, reply in replies.items():
+        where = on_gpu(by_name[name])
+        assert where == ("GPU-b" if reply.get("succeeded") else "GPU-a"), f"{name}: {context}"
+    # X's write was fenced, so the three others fit GPU-b exactly.
+    assert [replies[o["metadata"]["name"]].get("code") for o in others] == ["moved"] * 3, context

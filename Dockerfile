@@ -17,11 +17,12 @@ WORKDIR /src
 # The build tools get a virtualenv of their own, which never reaches the runtime image. Its pip
 # is the one the base image's Python bundles (ensurepip), so it changes only with the base image.
 # Every wheel the runtime needs is fetched (hash-checked; a dependency missing from the lock is
-# refused) before the sources are copied, so a source change does not download them again.
+# refused; wheels only, so no unpinned build runs: every locked version has wheels for x86_64
+# and aarch64) before the sources are copied, so a source change does not download them again.
 COPY requirements-build.lock requirements.lock ./
 RUN python -m venv /opt/build \
  && /opt/build/bin/pip install --require-hashes --only-binary=:all: -r requirements-build.lock \
- && /opt/build/bin/pip wheel --require-hashes --no-build-isolation --wheel-dir /wheels \
+ && /opt/build/bin/pip wheel --require-hashes --only-binary=:all: --wheel-dir /wheels \
       -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY shared ./shared

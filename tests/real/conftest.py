@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 
-
 @pytest.fixture(scope="session")
 def real_assets() -> Assets:
     found = Assets.find()

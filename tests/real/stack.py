@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.core import partitions
 from shared.nats_server import NatsServer
 from tests.real import chart
 from tests.real.controlplane import ControlPlaneError, free_port
@@ -88,6 +89,7 @@ class NumafitStack:
         )
         for name in self.children:
             self._ready(name)
+        self.wait_settled()
         plane.apply(self.rendered.webhooks(self.extender_url))
         account, rendered = self.rendered.kube_scheduler()
         config = chart.scheduler_config(
@@ -111,10 +113,42 @@ class NumafitStack:
         """Accounting replica `index` (replica id numafit-accounting-<index>, as a pod of the
         Deployment would be named), started and ready."""
         name = f"accounting-{index}"
-        replica = f"{chart.RELEASE}-accounting-{index}"
-        self._service(name, "svc-accounting", env={"NUMAFIT_REPLICA_ID": replica})
+        self._service(name, "svc-accounting", env={"NUMAFIT_REPLICA_ID": self.replica_id(name)})
         self._ready(name)
         return self.children[name]
+
+    def wait_settled(self, within: float = READY_WITHIN) -> None:
+        """Until each running accounting replica serves the partitions rendezvous hashing gives
+        it among the running ones: a replica that just started takes partitions over from the
+        others, and a request for a node being handed over waits or times out meanwhile. (A
+        readiness wait, not an assertion: the share is the core's to decide.)"""
+
+        def owned() -> dict[str, float]:
+            return {
+                n: self.sample(n, "numafit_accounting_partitions_owned")
+                for n in self.accounting_replicas()
+            }
+
+        def settled() -> bool:
+            shares = owned()
+            members = [self.replica_id(n) for n in shares]
+            total = int(self.sample(next(iter(shares)), "numafit_accounting_partitions_total"))
+            return all(
+                share == len(partitions.targets(self.replica_id(n), total, members))
+                for n, share in shares.items()
+            )
+
+        poll(settled, within=within, what="accounting partitions settled", last=owned)
+
+    @staticmethod
+    def replica_id(name: str) -> str:
+        """The replica id of accounting replica `accounting-<i>`: a pod name of the chart's
+        Deployment would be there."""
+        return f"{chart.RELEASE}-{name}"
+
+    def accounting_replicas(self) -> list[str]:
+        """Names of the accounting replicas running now."""
+        return [n for n, c in self.children.items() if n.startswith("accounting-") and c.alive()]
 
     def _service(
         self,

@@ -33,6 +33,7 @@ from shared.core.numa_prediction import (
 )
 from shared.kubelet_emulator import (
     ContainerAsk,
+    DeviceAllocation,
     FreeDevice,
     KubeletConfig,
     KubeletEmulator,
@@ -40,13 +41,13 @@ from shared.kubelet_emulator import (
     TopologyPolicy,
     TopologyPublisher,
     UnexpectedAdmissionError,
-    choose_devices,
     is_extended_resource_name,
     main,
     parse_cpus,
     place,
 )
-from shared.kubelet_emulator.placement import replicas_per_numa
+from shared.kubelet_emulator.ledger import ContainerKey, CpuLedger
+from shared.kubelet_emulator.placement import Placement, replicas_per_numa
 from shared.service.kube_io import KubeError
 
 RESOURCE = "nvidia.com/gpu"
@@ -208,6 +209,8 @@ async def running_node(
     cpus: dict[int, int] | None = None,
     preferred_allocation: bool = True,
     topology: TopologyPublisher | None = None,
+    seed: int = 0,
+    version: str = "v1.31.0",
 ) -> AsyncIterator[tuple[KubeletEmulator, SampleDevicePlugin]]:
     """A kubelet with the sample plugin registered and its devices seen."""
     config = KubeletConfig(
@@ -215,6 +218,8 @@ async def running_node(
         topology_policy=policy,
         cpus={0: 8, 1: 8} if cpus is None else cpus,
         dial_timeout=1.0,
+        seed=seed,
+        version=version,
     )
     plugin = SampleDevicePlugin(directory, preferred_allocation=preferred_allocation)
     async with contextlib.AsyncExitStack() as stack:
@@ -358,7 +363,7 @@ async def test_unhealthy_replicas_are_never_offered_or_allocated(sock_dir: Path)
 
         admission = await kubelet.admit_container("pod-1", "main", gpu_count=4)
 
-        offered = list(plugin.preferred_requests[0].available_deviceIDs)
+        offered = sorted(plugin.preferred_requests[0].available_deviceIDs)
         assert offered == ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-1"]
         assert not any(replica.startswith("GPU-c-") for replica in admission.device_ids)
         with pytest.raises(UnexpectedAdmissionError, match="Requested: 1, Available: 0"):
@@ -377,28 +382,30 @@ async def test_admission_picks_the_lowest_numa_node_fitting_cpus_and_gpus(sock_d
 
         # NUMA 0 fits the first; then it has 1 replica (second needs 2) and 4 CPUs (third needs 6).
         assert (first.cpu_numa, second.cpu_numa, third.cpu_numa) == (0, 1, 1)
-        assert first.device_ids == ("GPU-a-1",)  # the plugin's advice: last available
-        assert first.preferred_honoured
-        assert first.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-a"}
+        # The plugin's advice (the last replica offered) was taken.
+        assert first.preferred_honoured and first.asked
+        assert first.device_ids == (plugin.preferred_requests[0].available_deviceIDs[-1],)
+        assert numa_of(first.device_ids[0]) == 0
+        assert first.envs["NVIDIA_VISIBLE_DEVICES"] == first.device_ids[0].rsplit("-", 1)[0]
         assert first.response is not None
         assert [m.container_path for m in first.response.mounts] == ["/usr/local/vgpu"]
         assert [d.host_path for d in first.response.devices] == ["/dev/nvidia0"]
         assert {numa_of(i) for i in second.device_ids + third.device_ids} == {1}
-        assert second.device_ids == ("GPU-c-0", "GPU-c-1")
         assert first.aligned and second.aligned and third.aligned
 
         offered = plugin.preferred_requests[1]
-        assert list(offered.available_deviceIDs) == ["GPU-b-0", "GPU-b-1", "GPU-c-0", "GPU-c-1"]
+        assert sorted(offered.available_deviceIDs) == ["GPU-b-0", "GPU-b-1", "GPU-c-0", "GPU-c-1"]
         assert list(offered.must_include_deviceIDs) == []
         assert offered.allocation_size == 2
-        assert plugin.allocate_requests == [["GPU-a-1"], ["GPU-c-0", "GPU-c-1"], ["GPU-b-1"]]
-        assert kubelet.free_cpus() == {0: 4, 1: 0}
-        assert sorted(kubelet.allocations(RESOURCE)) == [
-            "GPU-a-1",
-            "GPU-b-1",
-            "GPU-c-0",
-            "GPU-c-1",
+        assert plugin.allocate_requests == [
+            list(first.device_ids),
+            list(second.device_ids),
+            list(third.device_ids),
         ]
+        assert kubelet.free_cpus() == {0: 4, 1: 0}
+        assert sorted(kubelet.allocations(RESOURCE)) == sorted(
+            first.device_ids + second.device_ids + third.device_ids
+        )
 
 
 @pytest.mark.parametrize("policy", [TopologyPolicy.SINGLE_NUMA_NODE, TopologyPolicy.RESTRICTED])
@@ -433,9 +440,29 @@ async def test_best_effort_admits_without_a_fitting_numa_node(sock_dir: Path) ->
 
         assert not admission.aligned
         assert admission.cpu_numa == 1  # the node with the most free replicas
-        assert admission.device_ids == ("GPU-b-0", "GPU-b-1", "GPU-c-0", "GPU-c-1", "GPU-a-0")
+        assert admission.numa is None  # the affinity is every NUMA node
+        assert len(set(admission.device_ids)) == 5
+        assert set(admission.device_ids) <= {d.ID for d in plugin.devices}
         assert plugin.preferred_requests == []  # the plugin did not ask for the call
         assert kubelet.free_cpus() == {0: 8, 1: 6}
+
+
+async def test_best_effort_without_a_fit_offers_every_free_replica(sock_dir: Path) -> None:
+    # NUMA 0 has the CPUs, but only 2 replicas; NUMA 1 has no CPUs: nothing aligns, and
+    # kubelet (best-effort) offers the plugin every free replica, whichever NUMA node.
+    async with running_node(sock_dir, policy=TopologyPolicy.BEST_EFFORT, cpus={0: 8, 1: 0}) as (
+        kubelet,
+        plugin,
+    ):
+        plugin.advice = lambda r: ["GPU-b-0", "GPU-c-0", "GPU-c-1"]
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=3, exclusive_cpus=4)
+
+        assert sorted(plugin.preferred_requests[0].available_deviceIDs) == sorted(
+            d.ID for d in plugin.devices
+        )
+        assert admission.cpu_numa == 0 and not admission.aligned
+        assert sorted(admission.device_ids) == ["GPU-b-0", "GPU-c-0", "GPU-c-1"]
+        assert admission.preferred_honoured
 
 
 async def test_policy_none_offers_every_free_replica(sock_dir: Path) -> None:
@@ -447,31 +474,78 @@ async def test_policy_none_offers_every_free_replica(sock_dir: Path) -> None:
 
         assert admission.cpu_numa == 1  # the lowest NUMA node with 4 free CPUs
         offered = plugin.preferred_requests[0]
-        assert list(offered.available_deviceIDs) == [d.ID for d in plugin.devices]
-        assert admission.device_ids == ("GPU-c-0", "GPU-c-1")
+        assert sorted(offered.available_deviceIDs) == sorted(d.ID for d in plugin.devices)
+        assert sorted(admission.device_ids) == sorted(offered.available_deviceIDs[-2:])
         assert admission.preferred_honoured
 
 
+async def test_offered_ids_come_unordered_but_reproducibly(sock_dir: Path) -> None:
+    """kubelet hands the plugin Go sets (random order): the emulator shuffles them, seeded."""
+    orders = []
+    for seed in (0, 0, 1, 2, 3):
+        async with running_node(sock_dir, policy=TopologyPolicy.NONE, seed=seed) as (
+            kubelet,
+            plugin,
+        ):
+            await kubelet.admit_container("pod-1", "main", gpu_count=1)
+            orders.append(tuple(plugin.preferred_requests[0].available_deviceIDs))
+    assert orders[0] == orders[1]  # the same seed, the same order
+    assert len(set(orders)) > 2  # other seeds, other orders
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)
+
+
+async def test_no_preference_call_when_the_aligned_replicas_exactly_cover_the_request(
+    sock_dir: Path,
+) -> None:
+    async with running_node(sock_dir) as (kubelet, plugin):
+        # NUMA 0 has exactly 2 replicas: kubelet takes them without asking the plugin.
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=2, exclusive_cpus=2)
+
+        assert sorted(admission.device_ids) == ["GPU-a-0", "GPU-a-1"]
+        assert not admission.asked and not admission.preferred_honoured
+        assert plugin.preferred_requests == []
+        assert plugin.allocate_requests == [list(admission.device_ids)]
+
+
 @pytest.mark.parametrize(
-    "advice",
+    ("advice", "kept"),
     [
-        pytest.param(lambda r: ["GPU-a-0"] * r.allocation_size, id="duplicates"),
-        pytest.param(lambda r: ["GPU-b-0", "GPU-zz-9"], id="not-available"),
-        pytest.param(lambda r: ["GPU-b-0", "GPU-a-0"], id="other-numa-node"),
-        pytest.param(lambda r: ["GPU-b-0"], id="too-few"),
-        pytest.param(lambda r: [], id="none"),
+        pytest.param(lambda r: ["GPU-b-0", "GPU-b-0"], {"GPU-b-0"}, id="duplicates"),
+        pytest.param(lambda r: ["GPU-b-0", "GPU-zz-9"], {"GPU-b-0"}, id="not-available"),
+        pytest.param(lambda r: ["GPU-b-0", "GPU-a-0"], {"GPU-b-0"}, id="other-numa-node"),
+        pytest.param(lambda r: ["GPU-b-0"], {"GPU-b-0"}, id="too-few"),
+        pytest.param(lambda r: [], set(), id="none"),
     ],
 )
-async def test_bad_advice_is_ignored(sock_dir: Path, advice: Advice) -> None:
-    async with running_node(sock_dir) as (kubelet, plugin):
+async def test_kubelet_keeps_the_advice_inside_the_affinity_and_fills_the_rest(
+    sock_dir: Path, advice: Advice, kept: set[str]
+) -> None:
+    # CPUs only on NUMA 1: its 4 replicas are the affinity, 2 are needed.
+    async with running_node(sock_dir, cpus={0: 0, 1: 8}) as (kubelet, plugin):
         plugin.advice = advice
 
-        admission = await kubelet.admit_container(
-            "pod-1", "main", gpu_count=2, exclusive_cpus=9 - 9
-        )
+        admission = await kubelet.admit_container("pod-1", "main", gpu_count=2, exclusive_cpus=2)
 
         assert not admission.preferred_honoured
-        assert admission.device_ids == ("GPU-a-0", "GPU-a-1")  # kubelet's own pick on NUMA 0
+        assert len(set(admission.device_ids)) == 2
+        assert kept <= set(admission.device_ids)
+        assert {numa_of(d) for d in admission.device_ids} == {1}  # never outside the affinity
+
+
+async def test_kubelet_picks_arbitrarily_when_the_plugin_prefers_nothing(sock_dir: Path) -> None:
+    """Go's set order: with no advice kubelet's pick is not the first offered replica but an
+    arbitrary one, the same for the same seed (the seed plays Go's randomness)."""
+    picks = []
+    for seed in (0, 0, *range(1, 12)):
+        async with running_node(sock_dir, cpus={0: 0, 1: 8}, seed=seed) as (kubelet, plugin):
+            plugin.advice = lambda r: []
+            admission = await kubelet.admit_container(
+                "pod-1", "main", gpu_count=1, exclusive_cpus=2
+            )
+            picks.append(admission.device_ids)
+    assert picks[0] == picks[1]
+    assert len(set(picks)) > 1
+    assert {numa_of(p[0]) for p in picks} == {1}
 
 
 async def test_allocate_error_is_unexpected_and_consumes_nothing(sock_dir: Path) -> None:
@@ -491,15 +565,22 @@ async def test_allocate_error_is_unexpected_and_consumes_nothing(sock_dir: Path)
 
         plugin.allocate_error = None
         admission = await kubelet.admit_container("pod-1", "main", gpu_count=1, exclusive_cpus=4)
-        assert admission.device_ids == ("GPU-a-1",)
+        assert numa_of(admission.device_ids[0]) == 0
 
 
 async def test_preferred_allocation_error_fails_admission(sock_dir: Path) -> None:
     async with running_node(sock_dir) as (kubelet, plugin):
         plugin.preferred_error = "numa-alignment strict: refit refused"
 
-        with pytest.raises(UnexpectedAdmissionError, match="code = FailedPrecondition desc = numa"):
+        with pytest.raises(UnexpectedAdmissionError) as caught:
             await kubelet.admit_container("pod-1", "main", gpu_count=1)
+
+        # kubelet's own wording (devicemanager's callGetPreferredAllocationIfAvailable).
+        assert caught.value.message == (
+            "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: "
+            "rpc error: code = FailedPrecondition desc = numa-alignment strict: refit refused, "
+            "which is unexpected"
+        )
 
         assert plugin.allocate_requests == []
         assert kubelet.allocations(RESOURCE) == {}
@@ -667,7 +748,8 @@ async def test_restart_removes_sockets_and_the_plugin_registers_again(sock_dir: 
 
         assert kubelet.registration_count(RESOURCE) == 2
         again = await kubelet.admit_container("pod-2", "main", gpu_count=1, exclusive_cpus=2)
-        assert again.device_ids == ("GPU-a-0",)  # GPU-a-1 is still held by pod-1
+        # The other NUMA 0 replica: pod-1's is still held.
+        assert numa_of(again.device_ids[0]) == 0 and again.device_ids != admitted.device_ids
 
 
 # ---------------------------------------------------------------------------- pure parts
@@ -681,31 +763,69 @@ def test_placement_without_topology_imposes_no_numa_constraint() -> None:
         free_cpus={0: 1, 1: 4},
         free_devices=devices,
         topology_aware=False,
-        resource=RESOURCE,
         gpu_count=2,
         cpu_count=2,
     )
 
-    assert (placement.numa, placement.available, placement.aligned) == (1, ("x-0", "x-1"), True)
+    assert (placement.numa, placement.cpu_numa) == (None, 1)
+    assert (placement.in_affinity, placement.no_topology, placement.aligned) == (
+        (),
+        ("x-0", "x-1"),
+        True,
+    )
 
 
-def test_placement_refuses_more_devices_than_free_under_policy_none() -> None:
+def test_more_devices_than_free_is_refused() -> None:
+    placement = place(
+        TopologyPolicy.NONE,
+        free_cpus={0: 4},
+        free_devices=[FreeDevice("x-0", frozenset({0}))],
+        topology_aware=True,
+        gpu_count=3,
+        cpu_count=0,
+    )
     with pytest.raises(UnexpectedAdmissionError, match="Requested: 3, Available: 1"):
-        place(
-            TopologyPolicy.NONE,
-            free_cpus={0: 4},
-            free_devices=[FreeDevice("x-0", frozenset({0}))],
-            topology_aware=True,
-            resource=RESOURCE,
-            gpu_count=3,
-            cpu_count=0,
-        )
+        DeviceAllocation(RESOURCE, 3, (), placement, random.Random(0))
 
 
-def test_choose_devices_takes_only_exact_advice() -> None:
-    assert choose_devices(["a", "b", "c"], ["c", "a"], 2) == (("c", "a"), True)
-    assert choose_devices(["a", "b", "c"], ["c", "d"], 2) == (("a", "b"), False)
-    assert choose_devices(["a", "b", "c"], None, 2) == (("a", "b"), False)
+def allocation(
+    required: int, reusable: Sequence[str] = (), seed: int = 0, **sets: tuple[str, ...]
+) -> DeviceAllocation:
+    placement = Placement(
+        0,
+        0,
+        sets.get("inside", ()),
+        sets.get("outside", ()),
+        sets.get("no_topology", ()),
+        True,
+    )
+    return DeviceAllocation(RESOURCE, required, reusable, placement, random.Random(seed))
+
+
+def test_devices_to_allocate_follows_kubelets_steps() -> None:
+    # Reusable replicas first: enough of them, and nothing is asked.
+    reuse = allocation(1, reusable=["r-0"], inside=("a-0", "a-1"))
+    assert reuse.ask is None and reuse.finish(None) == (("r-0",), False)
+    assert reuse.reused == ("r-0",)
+    # More inside the affinity than needed: ask about them; the answer inside is kept.
+    ask = allocation(1, inside=("a-0", "a-1", "a-2"), outside=("b-0",))
+    assert ask.ask is not None and sorted(ask.ask.available) == ["a-0", "a-1", "a-2"]
+    assert ask.finish(["a-2"]) == (("a-2",), True)
+    # Exactly covered by the affinity: taken without asking.
+    exact = allocation(2, inside=("a-0", "a-1"), outside=("b-0",))
+    assert exact.ask is None and sorted(exact.finish(None)[0]) == ["a-0", "a-1"]
+    # Too few inside: they are all taken, then the plugin is asked about every free replica,
+    # with them as must-include; the rest comes from outside, then from no topology.
+    short = allocation(3, inside=("a-0",), outside=("b-0",), no_topology=("x-0",))
+    assert short.ask is not None
+    assert sorted(short.ask.available) == ["a-0", "b-0", "x-0"]
+    assert short.ask.must_include == ("a-0",)
+    assert sorted(short.finish(None)[0]) == ["a-0", "b-0", "x-0"]
+    # Partial reuse: the reused replica is must-include and offered with the affinity.
+    partial = allocation(2, reusable=["r-0"], inside=("a-0", "a-1"))
+    assert partial.ask is not None and partial.ask.must_include == ("r-0",)
+    assert sorted(partial.ask.available) == ["a-0", "a-1", "r-0"]
+    assert partial.finish(["r-0", "a-1"]) == (("r-0", "a-1"), True)
 
 
 def test_config_refuses_a_socket_path_too_long_for_unix_sockets() -> None:
@@ -733,7 +853,9 @@ def test_the_scheduler_predicts_exactly_what_the_emulator_admits(
     policy: TopologyPolicy, seed: int
 ) -> None:
     """The prediction (shared/core) and the emulator's placement decide alike, container by
-    container, on the same free CPUs and replicas: one rule, not two that could drift."""
+    container, on the same free CPUs and replicas, init containers' CPUs and replicas reused by
+    the containers after them as the emulator's pod admission reuses them: one rule, not two
+    that could drift."""
     rng = random.Random(seed)
     cpus = {0: rng.randint(0, 12), 1: rng.randint(0, 12)}
     devices = [
@@ -741,28 +863,38 @@ def test_the_scheduler_predicts_exactly_what_the_emulator_admits(
         for g, numa in enumerate([0, 0, 1, 1])
         for r in range(rng.randint(0, 2))
     ]
+    kinds = [ContainerKind.INIT, ContainerKind.SIDECAR, ContainerKind.APP, ContainerKind.APP]
     demands = [
-        ContainerDemand(f"c{i}", ContainerKind.APP, rng.choice([0, 0, 2, 4, 6]), rng.randint(0, 2))
+        ContainerDemand(f"c{i}", rng.choice(kinds), rng.choice([0, 0, 2, 4, 6]), rng.randint(0, 2))
         for i in range(rng.randint(1, 4))
     ]
     prediction = predict_pod(
         NodeNuma(policy, TopologyScope.CONTAINER, cpus, replicas_per_numa(devices), True), demands
     )
-    free_cpus, free = dict(cpus), list(devices)
+    ledger, free, reusable = CpuLedger(cpus), list(devices), set[str]()
+    numa_of_id = {d.id: d.numa_nodes for d in devices}
     for position, demand in enumerate(demands):
+        owner = ContainerKey("pod", demand.name)
         try:
             placement = place(
                 policy,
-                free_cpus=free_cpus,
+                free_cpus=ledger.free(),
                 free_devices=free,
                 topology_aware=True,
-                resource=RESOURCE,
                 gpu_count=demand.gpus,
                 cpu_count=demand.cpus,
+                reusable_cpus=ledger.reusable("pod") if demand.cpus else None,
+                reusable_devices=[FreeDevice(i, numa_of_id[i]) for i in sorted(reusable)]
+                if demand.gpus
+                else (),
             )
+            taken: tuple[str, ...] = ()
+            if demand.gpus:
+                chosen = DeviceAllocation(RESOURCE, demand.gpus, reusable, placement, rng)
+                taken, _ = chosen.finish(None)
         except (TopologyAffinityError, UnexpectedAdmissionError):
-            # Refused by kubelet: predicted refused, unless only the emulator's final device
-            # count check refused it (too few replicas in all under a non-aligning policy).
+            # Refused by kubelet: predicted refused, unless only the emulator's device count
+            # check refused it (too few replicas in all under a non-aligning policy).
             choice = prediction.choices[position]
             assert prediction.refused == demand or (
                 choice is not None and not choice.verdict.refused
@@ -770,9 +902,18 @@ def test_the_scheduler_predicts_exactly_what_the_emulator_admits(
             return
         choice = prediction.choices[position]
         if demand.gpus:
-            assert choice is not None and choice.numa == placement.numa
-        taken = placement.available[: demand.gpus]
+            assert choice is not None
+            expected = placement.numa if placement.numa is not None else placement.cpu_numa
+            assert choice.numa == expected
         free = [d for d in free if d.id not in taken]
-        if placement.numa is not None:
-            free_cpus[placement.numa] -= demand.cpus
+        ledger.allocate(
+            placement.cpu_numa, demand.cpus, owner, init=demand.kind is ContainerKind.INIT
+        )
+        if demand.kind is ContainerKind.INIT:
+            reusable |= set(taken)
+        else:
+            reusable -= set(taken)
     assert prediction.refused is None
+    assert ledger.free() == {
+        n: cpus[n] - sum(c for m, c in prediction.cpus if m == n) for n in cpus
+    }

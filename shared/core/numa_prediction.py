@@ -3,7 +3,7 @@
 The kubelet emulator (shared/kubelet_emulator/placement.py) admits containers by it, and the
 scheduler predicts kubelet's choice by it before fitting GPUs, so that the GPUs it reserves are
 the ones kubelet will offer and no refit is needed. The rule, as the emulator models kubelet
-(static CPU manager, one NUMA node per container, container scope):
+v1.28 (static CPU manager, one NUMA node per container, container scope):
 
 - the NUMA nodes that can hold the container's exclusive CPUs are the candidates for its CPUs
   (every NUMA node when it has none);
@@ -15,10 +15,18 @@ the ones kubelet will offer and no refit is needed. The rule, as the emulator mo
 - no NUMA node holds the CPUs at all: refused (the aligning policies with
   `TopologyAffinityError`, the others by the CPU manager).
 
-A container's CPUs are exclusive when its CPU limit is a whole number equal to its request (a
-missing request defaults to the limit), as the emulated kubelet hands them out. kubelet proper
-also requires the whole pod to be Guaranteed; the emulated world and the prediction share the
-per-container rule so that they cannot disagree.
+Reuse within a pod (kubelet's device manager and static CPU manager alike): what a regular init
+container was given (exclusive CPUs, device replicas) is *reusable* by the containers after it,
+which take it first; a regular init container adds what it holds to the reusable set, a sidecar
+(restartable init container) or an app container takes its share out. kubelet's hints only
+allow NUMA nodes holding every reusable CPU (or replica) of the container's resource, so an app
+container following an init container with exclusive CPUs lands on that init container's NUMA
+node, counting the reusable CPUs as its own.
+
+A container's CPUs are exclusive, as kubelet's static policy hands them out, only in a
+*Guaranteed* pod (every container, init containers included, has CPU and memory limits, and the
+requests equal the limits) and only when its CPU request is a whole number: a Burstable pod's
+containers run on the shared pool, and only their devices follow the Topology Manager's hint.
 
 `predict_pod` applies the rule to every container of a pod in kubelet's order (init containers
 first), each one taking its CPUs and replicas before the next is decided, and turns the answer
@@ -29,7 +37,8 @@ the pod may only be placed where kubelet's choice can hold its GPUs.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from shared.core.errors import RequestError
@@ -102,39 +111,63 @@ def kubelet_choice(
     topology_aware: bool,
     gpu_count: int,
     cpu_count: int,
+    reusable_cpus: Mapping[int, int] | None = None,
+    reusable_replicas: Mapping[int, int] | None = None,
 ) -> KubeletChoice:
     """kubelet's decision for one container (the module's rule).
 
     `free_cpus`: free exclusive CPUs per NUMA node; `free_replicas`: free healthy replicas of
     the container's device resource per NUMA node (a replica reporting two NUMA nodes counts on
-    both); negative NUMA ids (no topology) are not NUMA nodes."""
+    both); negative NUMA ids (no topology) are not NUMA nodes. `reusable_cpus` and
+    `reusable_replicas`: what earlier regular init containers of the pod hold, per NUMA node,
+    and the container may take first (its hint must then include their NUMA nodes)."""
+    reusable_c = {n: c for n, c in (reusable_cpus or {}).items() if c > 0 and n >= 0}
+    reusable_r = {n: c for n, c in (reusable_replicas or {}).items() if c > 0 and n >= 0}
     numa_nodes = sorted(
-        {n for n in free_cpus if n >= 0} | {n for n, c in free_replicas.items() if n >= 0 and c > 0}
+        {n for n in free_cpus if n >= 0}
+        | {n for n, c in free_replicas.items() if n >= 0 and c > 0}
+        | set(reusable_c)
+        | set(reusable_r)
     )
-    cpu_nodes = [n for n in numa_nodes if free_cpus.get(n, 0) >= cpu_count]
+
+    def holds(n: int, wanted: int, free: Mapping[int, int], reusable: Mapping[int, int]) -> bool:
+        # kubelet's hint generation: every reusable item inside the mask, and reusable plus
+        # free on the mask at least the request.
+        return set(reusable) <= {n} and reusable.get(n, 0) + free.get(n, 0) >= wanted
+
+    cpu_nodes = (
+        [n for n in numa_nodes if holds(n, cpu_count, free_cpus, reusable_c)]
+        if cpu_count > 0
+        else numa_nodes
+    )
     if cpu_count > 0 and not cpu_nodes:
         verdict = Verdict.TOPOLOGY_AFFINITY_ERROR if policy.aligning else Verdict.NOT_ENOUGH_CPUS
         return KubeletChoice(verdict, None)
-    first = cpu_nodes[0] if cpu_nodes else None
+    first = cpu_nodes[0] if cpu_nodes and cpu_count > 0 else None
     if policy is TopologyPolicy.NONE or gpu_count == 0 or not topology_aware:
         return KubeletChoice(Verdict.UNCONSTRAINED, first)
-    candidates = [n for n in cpu_nodes if free_replicas.get(n, 0) >= gpu_count]
+    candidates = [n for n in cpu_nodes if holds(n, gpu_count, free_replicas, reusable_r)]
     if candidates:
         return KubeletChoice(Verdict.ALIGNED, candidates[0])
     if policy.aligning:
         return KubeletChoice(Verdict.TOPOLOGY_AFFINITY_ERROR, None)
-    if not cpu_nodes:
+    if cpu_count == 0 or not cpu_nodes:
+        # No CPU hint to narrow it: the affinity is every NUMA node (kubelet offers every
+        # free replica).
         return KubeletChoice(Verdict.UNALIGNED, None)
     return KubeletChoice(
         Verdict.UNALIGNED, max(cpu_nodes, key=lambda n: (free_replicas.get(n, 0), -n))
     )
 
 
-def exclusive_cpus(limits: Mapping[str, object], requests: Mapping[str, object]) -> int:
-    """A container's exclusive CPUs: its CPU limit when that is a positive whole number equal
-    to its request (absent: the limit), else 0 (it runs on the shared pool)."""
+def exclusive_cpus(
+    limits: Mapping[str, object], requests: Mapping[str, object], guaranteed: bool = True
+) -> int:
+    """A container's exclusive CPUs under kubelet's static policy: its CPU request (absent: the
+    limit) when the pod is Guaranteed (`guaranteed`, see `pod_guaranteed`), that request is a
+    positive whole number and equals the limit; else 0 (it runs on the shared pool)."""
     limit = limits.get("cpu")
-    if limit is None:
+    if limit is None or not guaranteed:
         return 0
     try:
         value, wanted = parse_quantity(limit), parse_quantity(requests.get("cpu", limit))
@@ -145,6 +178,44 @@ def exclusive_cpus(limits: Mapping[str, object], requests: Mapping[str, object])
     return int(value)
 
 
+QOS_RESOURCES = ("cpu", "memory")
+"""The resources kubelet's QoS class is computed from (extended resources do not count)."""
+
+
+def pod_guaranteed(
+    containers: Sequence[tuple[Mapping[str, object], Mapping[str, object]]],
+) -> bool:
+    """Whether the pod's QoS class is Guaranteed, as kubelet computes it (`GetPodQOS`): every
+    container, init containers included, has positive CPU and memory limits, and the pod's
+    summed requests (a missing request defaults to its limit, as the API server defaults it)
+    equal its summed limits. `containers`: (limits, requests) of each container."""
+    requested: dict[str, Fraction] = {}
+    limited: dict[str, Fraction] = {}
+    every_limit = True
+    for limits, requests in containers:
+        found = set()
+        for name in QOS_RESOURCES:
+            limit, request = limits.get(name), requests.get(name, limits.get(name))
+            try:
+                lim = parse_quantity(limit) if limit is not None else Fraction(0)
+                req = parse_quantity(request) if request is not None else Fraction(0)
+            except RequestError:
+                return False
+            if req > 0:
+                requested[name] = requested.get(name, Fraction(0)) + req
+            if lim > 0:
+                limited[name] = limited.get(name, Fraction(0)) + lim
+                found.add(name)
+        every_limit = every_limit and found == set(QOS_RESOURCES)
+    if not requested and not limited:
+        return False  # BestEffort
+    return (
+        every_limit
+        and all(limited.get(name) == value for name, value in requested.items())
+        and len(requested) == len(limited)
+    )
+
+
 # --- predicting a pod ---------------------------------------------------------------------
 
 
@@ -152,12 +223,14 @@ def pod_demands(
     pod: PodInfo, requests: Sequence[ContainerRequest | None]
 ) -> tuple[ContainerDemand, ...]:
     """Every container's demand in kubelet's order (HAMi's positions: init containers first,
-    the same order kubelet admits them in). Only NVIDIA GPUs are aligned by numafit's plugin."""
+    the same order kubelet admits them in). Only NVIDIA GPUs are aligned by numafit's plugin;
+    exclusive CPUs only in a Guaranteed pod."""
+    guaranteed = pod_guaranteed([(c.limits, c.requests) for c in pod.containers])
     return tuple(
         ContainerDemand(
             c.name,
             c.kind,
-            exclusive_cpus(c.limits, c.requests),
+            exclusive_cpus(c.limits, c.requests, guaranteed),
             r.nums if r is not None and r.type == NVIDIA else 0,
         )
         for c, r in zip(pod.containers, requests, strict=True)
@@ -257,11 +330,13 @@ class PodPrediction:
 
 def predict_pod(node: NodeNuma, demands: Sequence[ContainerDemand]) -> PodPrediction:
     """kubelet's choice for every container in admission order; each takes its CPUs and
-    replicas before the next is decided, as kubelet allocates them one after the other."""
+    replicas before the next is decided, as kubelet allocates them one after the other, and
+    what regular init containers hold is reused by the containers after them."""
     if node.scope is TopologyScope.POD:
         return _predict_pod_scope(node, demands)
     cpus = dict(node.free_cpus)
     replicas = dict(node.free_replicas)
+    reuse = Reuse()
     choices: list[KubeletChoice | None] = []
     taken: list[tuple[int, int]] = []
     for position, demand in enumerate(demands):
@@ -272,16 +347,53 @@ def predict_pod(node: NodeNuma, demands: Sequence[ContainerDemand]) -> PodPredic
             topology_aware=node.topology_aware,
             gpu_count=demand.gpus,
             cpu_count=demand.cpus,
+            reusable_cpus=reuse.cpus,
+            reusable_replicas=reuse.replicas,
         )
         if choice.verdict.refused:
             choices.append(choice)
             choices.extend(None for _ in demands[position + 1 :])
             return PodPrediction(tuple(choices), demand)
-        _take(cpus, replicas, choice, demand.cpus, demand.gpus)
-        if choice.numa is not None and demand.cpus:
-            taken.append((choice.numa, demand.cpus))
+        fresh_cpus, fresh_gpus = reuse.admit(demand, choice)
+        _take(cpus, replicas, choice, fresh_cpus, fresh_gpus)
+        if choice.numa is not None and fresh_cpus:
+            taken.append((choice.numa, fresh_cpus))
         choices.append(choice if demand.gpus > 0 else None)
     return PodPrediction(tuple(choices), cpus=tuple(taken))
+
+
+@dataclass(slots=True)
+class Reuse:
+    """What a pod's regular init containers hold that the containers after them take first
+    (kubelet's `devicesToReuse` and the static policy's `cpusToReuse`), counted per NUMA node."""
+
+    cpus: dict[int, int] = field(default_factory=dict)
+    replicas: dict[int, int] = field(default_factory=dict)
+
+    def admit(self, demand: ContainerDemand, choice: KubeletChoice) -> tuple[int, int]:
+        """The container is admitted with `choice`: it takes reusable CPUs (on its NUMA node)
+        and replicas first. A regular init container then adds what it took afresh to the
+        reusable set; any other container takes out what it reused. Returns what it needs
+        afresh from the node (CPUs, replicas)."""
+        numa = choice.numa
+        reused_cpus = min(demand.cpus, self.cpus.get(numa, 0)) if numa is not None else 0
+        reused_gpus = min(demand.gpus, sum(self.replicas.values()))
+        fresh_cpus, fresh_gpus = demand.cpus - reused_cpus, demand.gpus - reused_gpus
+        if demand.kind is ContainerKind.INIT:
+            if numa is not None and fresh_cpus:
+                self.cpus[numa] = self.cpus.get(numa, 0) + fresh_cpus
+            if fresh_gpus:
+                # Replicas of an unconstrained container are on no NUMA node the hint knows.
+                where = numa if numa is not None else -1
+                self.replicas[where] = self.replicas.get(where, 0) + fresh_gpus
+            return fresh_cpus, fresh_gpus
+        if numa is not None and reused_cpus:
+            self.cpus[numa] -= reused_cpus
+        for n in sorted(self.replicas, key=lambda k: (k != numa, k)):
+            here = min(reused_gpus, self.replicas[n])
+            self.replicas[n] -= here
+            reused_gpus -= here
+        return fresh_cpus, fresh_gpus
 
 
 def _take(

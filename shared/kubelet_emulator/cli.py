@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared.kubelet_emulator.config import (
+    DEFAULT_KUBELET_VERSION,
     DEVICE_PLUGIN_DIR,
     KubeletConfig,
     TopologyPolicy,
@@ -57,6 +58,19 @@ def build_parser(prog: str = "numafit run kubelet-emulator") -> argparse.Argumen
         metavar="NUMA=COUNT,...",
         help="allocatable exclusive CPUs per NUMA node, e.g. '0=32,1=32'",
     )
+    parser.add_argument(
+        "--kubelet-version",
+        default=DEFAULT_KUBELET_VERSION,
+        help="the kubelet version played: before v1.31 a pod whose init containers ask for an "
+        f"extended resource no plugin advertises is rejected (default {DEFAULT_KUBELET_VERSION})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the order of kubelet's Go sets: the replica IDs offered to "
+        "GetPreferredAllocation and kubelet's own picks (default 0)",
+    )
     add_log_level_argument(parser)
     return parser
 
@@ -70,6 +84,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "numafit run kubelet-emu
         node_name=args.node,
         topology_policy=TopologyPolicy(args.topology_policy),
         cpus=args.cpus,
+        version=args.kubelet_version,
+        seed=args.seed,
     )
     try:
         asyncio.run(_serve(config))

@@ -18,13 +18,25 @@ from shared.core.numa_prediction import TopologyPolicy
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["DEVICE_PLUGIN_DIR", "KubeletConfig", "TopologyPolicy", "parse_cpus"]
+__all__ = [
+    "DEFAULT_KUBELET_VERSION",
+    "DEVICE_PLUGIN_DIR",
+    "KubeletConfig",
+    "TopologyPolicy",
+    "parse_cpus",
+]
 
 MAX_SOCKET_PATH = 107
 """Longest unix socket path (``sun_path`` is 108 bytes with its terminating NUL)."""
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Where a real kubelet keeps ``kubelet.sock`` and the plugins' sockets."""
+
+DEFAULT_KUBELET_VERSION = "v1.31.0"
+"""The version the emulator plays unless told otherwise. Its device manager, CPU manager and
+Topology Manager follow kubelet v1.28.7 as observed (unchanged in these respects up to v1.31);
+the version only decides whether init containers asking for extended resources no plugin
+advertises are rejected (before v1.31: shared/core/kubelet_version.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,11 @@ class KubeletConfig:
     """Seconds to wait for a registering plugin's socket to accept (kubelet: 10 s)."""
     rpc_timeout: float | None = None
     """Seconds allowed for GetPreferredAllocation and Allocate; kubelet sets none."""
+    version: str = DEFAULT_KUBELET_VERSION
+    """The kubelet version played (`status.nodeInfo.kubeletVersion`)."""
+    seed: int = 0
+    """Seeds the order kubelet's Go sets come in: the replica IDs offered to
+    GetPreferredAllocation, and kubelet's own pick where the plugin prefers nothing."""
 
     def __post_init__(self) -> None:
         for numa, count in self.cpus.items():

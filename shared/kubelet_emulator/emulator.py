@@ -16,31 +16,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 
+from shared.core.kubelet_version import init_resource_rejection, pod_resource_requests
+from shared.core.model import ContainerKind
+from shared.core.pods import ContainerSpec
 from shared.kubelet_emulator.errors import (
     AdmissionError,
+    OutOfResourceError,
     RegistrationError,
     UnexpectedAdmissionError,
 )
 from shared.kubelet_emulator.ledger import ContainerKey, CpuLedger, DeviceLedger, PluginDevice
-from shared.kubelet_emulator.placement import choose_devices, place
+from shared.kubelet_emulator.placement import DeviceAllocation, FreeDevice, place
 from shared.kubelet_emulator.plugin_connection import PluginConnection, describe_rpc_error
 from shared.kubelet_emulator.registration import RegistrationService
 from shared.kubelet_emulator.resource_names import is_extended_resource_name
 from shared.kubelet_emulator.topology import zones
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
     from types import TracebackType
 
     from proto.v1beta1 import api_pb2
     from shared.kubelet_emulator.config import KubeletConfig
+    from shared.kubelet_emulator.placement import PreferenceAsk
     from shared.kubelet_emulator.topology import TopologyPublisher
 
 __all__ = ["SUPPORTED_VERSIONS", "Admission", "ContainerAsk", "KubeletEmulator", "PodAdmission"]
@@ -60,14 +66,23 @@ class Admission:
     device_ids: tuple[str, ...]
     """Replica IDs passed to Allocate (what runs)."""
     cpu_numa: int | None
-    """NUMA node of the container's exclusive CPUs (its Topology Manager affinity)."""
+    """NUMA node of the container's exclusive CPUs (None: it has none, e.g. in a Burstable
+    pod)."""
     exclusive_cpus: int
     aligned: bool
     """False for a best-effort admission without a NUMA node fitting CPUs and devices."""
     preferred_honoured: bool
-    """True when the GetPreferredAllocation answer was used as is."""
+    """True when GetPreferredAllocation was asked and its answer chose every replica kubelet
+    took after asking."""
     response: api_pb2.ContainerAllocateResponse | None
     """``container_responses[0]`` of Allocate; None when no devices were requested."""
+    numa: int | None = None
+    """The single NUMA node of the container's Topology Manager affinity (None: no
+    constraint, or every NUMA node)."""
+    reused: tuple[str, ...] = ()
+    """Replicas taken over from the pod's init containers (kubelet's device reuse)."""
+    asked: bool = False
+    """GetPreferredAllocation was called for the container."""
 
     @property
     def envs(self) -> dict[str, str]:
@@ -76,12 +91,20 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAsk:
-    """One container of a pod to admit: what kubelet's managers see of it."""
+    """One container of a pod to admit: what kubelet's managers see of it.
+
+    `exclusive_cpus` is what the static CPU manager pins (only a Guaranteed pod's containers
+    get any: build asks with `container_asks`); `kind` says whether what it holds is reusable
+    by the containers after it (a regular init container) or not; `limits` and `requests` are
+    the container's resources as written, for kubelet's resource predicate."""
 
     name: str
     gpu_count: int = 0
     exclusive_cpus: int = 0
     resource: str = "nvidia.com/gpu"
+    kind: ContainerKind = ContainerKind.APP
+    limits: Mapping[str, object] = field(default_factory=dict)
+    requests: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +114,15 @@ class PodAdmission:
     pod_uid: str
     admitted: tuple[Admission, ...]
     error: AdmissionError | None = None
-    """Why the container after the last admitted one was refused (the pod fails)."""
+    """Why the pod was refused: the container after the last admitted one, or, when every
+    container was admitted (the device plugin was called for each), kubelet's resource
+    predicate (`OutOfResourceError`)."""
 
     @property
     def failed_index(self) -> int | None:
-        return len(self.admitted) if self.error is not None else None
+        if self.error is None or isinstance(self.error, OutOfResourceError):
+            return None
+        return len(self.admitted)
 
 
 class KubeletEmulator:
@@ -116,6 +143,11 @@ class KubeletEmulator:
         self._changed = asyncio.Condition()
         self._admitting = asyncio.Lock()
         self._admitted: set[ContainerKey] = set()
+        self._rng = random.Random(config.seed)
+        """Go's set order, seeded: offered IDs and kubelet's own picks."""
+        self._pod_requests: dict[str, Mapping[str, int]] = {}
+        """Admitted pods' requests of extended resources no plugin advertises (what kubelet's
+        predicate counts as used)."""
         self._log = {"node": config.node_name}
 
     # ------------------------------------------------------------------ lifecycle
@@ -254,54 +286,50 @@ class KubeletEmulator:
         gpu_count: int = 1,
         exclusive_cpus: int = 0,
     ) -> Admission:
-        """Admit one container like kubelet, or raise its admission error.
+        """Admit one container like kubelet, on its own (no reuse from other containers of
+        the pod: use `admit_pod` for a whole pod), or raise its admission error.
 
         Raises ``TopologyAffinityError`` or ``UnexpectedAdmissionError``; on
         failure nothing is consumed. Admissions are serialized.
         """
+        ask = ContainerAsk(container_name, gpu_count, exclusive_cpus, resource)
         async with self._admitting:
             try:
-                return await self._admit_locked(
-                    pod_uid, container_name, resource, gpu_count, exclusive_cpus
-                )
+                return await self._admit_locked(pod_uid, ask, set())
             finally:
                 await self._publish_locked()
 
-    async def _admit_locked(
-        self,
-        pod_uid: str,
-        container_name: str,
-        resource: str,
-        gpu_count: int,
-        exclusive_cpus: int,
-    ) -> Admission:
-        owner = ContainerKey(pod_uid, container_name)
+    async def _admit_locked(self, pod_uid: str, ask: ContainerAsk, reusable: set[str]) -> Admission:
+        owner = ContainerKey(pod_uid, ask.name)
         if owner in self._admitted:
-            raise ValueError(f"container {pod_uid}/{container_name} is already admitted")
+            raise ValueError(f"container {pod_uid}/{ask.name} is already admitted")
         try:
-            admission = await self._admit(owner, resource, gpu_count, exclusive_cpus)
+            admission = await self._admit(owner, ask, reusable)
         except Exception as exc:
             logger.info(
                 "container refused",
                 extra={
                     **self._log,
                     "pod_uid": pod_uid,
-                    "container": container_name,
+                    "container": ask.name,
                     "reason": getattr(exc, "reason", type(exc).__name__),
                     "error": str(exc),
                 },
             )
             raise
-        self._devices.allocate(resource, admission.device_ids, owner)
-        self._cpus.allocate(admission.cpu_numa, exclusive_cpus, owner)
+        self._devices.allocate(ask.resource, admission.device_ids, owner)
+        self._cpus.allocate(
+            admission.cpu_numa, ask.exclusive_cpus, owner, init=ask.kind is ContainerKind.INIT
+        )
         self._admitted.add(owner)
         logger.info(
             "container admitted",
             extra={
                 **self._log,
                 "pod_uid": pod_uid,
-                "container": container_name,
+                "container": ask.name,
                 "devices": list(admission.device_ids),
+                "reused": list(admission.reused),
                 "cpu_numa": admission.cpu_numa,
             },
         )
@@ -309,24 +337,52 @@ class KubeletEmulator:
 
     async def admit_pod(self, pod_uid: str, containers: Sequence[ContainerAsk]) -> PodAdmission:
         """Admit a pod like kubelet: its containers in order (init containers first), as one
-        admission. The first refusal fails the pod, which then holds nothing. The node's
+        admission, what a regular init container holds reused by the containers after it; then
+        kubelet's resource predicate (`OutOf<resource>`, checked after the device plugin was
+        called). The first refusal fails the pod, which then holds nothing. The node's
         NodeResourceTopology is published afterwards, either way."""
         admitted: list[Admission] = []
         error: AdmissionError | None = None
+        reusable: dict[str, set[str]] = {}
         async with self._admitting:
             for ask in containers:
+                pool = reusable.setdefault(ask.resource, set())
                 try:
-                    admitted.append(
-                        await self._admit_locked(
-                            pod_uid, ask.name, ask.resource, ask.gpu_count, ask.exclusive_cpus
-                        )
-                    )
+                    admission = await self._admit_locked(pod_uid, ask, pool)
                 except AdmissionError as exc:
                     error = exc
-                    self._release_locked(pod_uid)
                     break
+                admitted.append(admission)
+                # kubelet's devicesToReuse: a regular init container's replicas are reusable
+                # by the containers after it; a sidecar or an app container keeps its own.
+                if ask.kind is ContainerKind.INIT:
+                    pool |= set(admission.device_ids)
+                else:
+                    pool -= set(admission.device_ids)
+            if error is None:
+                error = self._predicate(pod_uid, containers)
+            if error is not None:
+                self._release_locked(pod_uid)
             await self._publish_locked()
         return PodAdmission(pod_uid, tuple(admitted), error)
+
+    def _predicate(self, pod_uid: str, containers: Sequence[ContainerAsk]) -> AdmissionError | None:
+        """kubelet's resource predicate, after the Topology Manager's handler: an extended
+        resource no plugin advertises is stripped from app containers and, from v1.31 on,
+        from init containers too (shared/core/kubelet_version.py)."""
+        specs = [ContainerSpec(a.name, a.kind, a.limits, a.requests) for a in containers]
+        advertised = frozenset(self._plugins)
+        rejection = init_resource_rejection(self.config.version, specs, advertised)
+        if rejection is None:
+            names = {n for a in containers for n in (*a.limits, *a.requests)} - advertised
+            self._pod_requests[pod_uid] = pod_resource_requests(specs, names)
+            return None
+        used = sum(
+            requests.get(rejection.resource, 0)
+            for uid, requests in self._pod_requests.items()
+            if uid != pod_uid
+        )
+        return OutOfResourceError(rejection.resource, rejection.requested, used, 0)
 
     async def release_pod(self, pod_uid: str) -> None:
         """Free every device and CPU held by the pod's containers."""
@@ -337,6 +393,7 @@ class KubeletEmulator:
     def _release_locked(self, pod_uid: str) -> None:
         freed = self._devices.release_pod(pod_uid)
         cpus = self._cpus.release_pod(pod_uid)
+        self._pod_requests.pop(pod_uid, None)
         self._admitted = {key for key in self._admitted if key.pod_uid != pod_uid}
         logger.info(
             "pod released",
@@ -359,50 +416,63 @@ class KubeletEmulator:
         )
         await self.topology.publish(figures)
 
-    async def _admit(
-        self, owner: ContainerKey, resource: str, gpu_count: int, cpu_count: int
-    ) -> Admission:
+    async def _admit(self, owner: ContainerKey, ask: ContainerAsk, reusable: set[str]) -> Admission:
+        resource, gpu_count, cpu_count = ask.resource, ask.gpu_count, ask.exclusive_cpus
         plugin = self._plugins.get(resource) if gpu_count > 0 else None
         if gpu_count > 0 and (plugin is None or not plugin.connected):
             raise UnexpectedAdmissionError(f"cannot allocate unregistered device {resource}")
+        numa_of = {d.id: d.numa_nodes for d in self._devices.devices(resource)}
         placement = place(
             self.config.topology_policy,
             free_cpus=self._cpus.free(),
             free_devices=self._devices.free(resource),
             topology_aware=self._devices.topology_aware(resource),
-            resource=resource,
             gpu_count=gpu_count,
             cpu_count=cpu_count,
+            reusable_cpus=self._cpus.reusable(owner.pod_uid) if cpu_count else None,
+            reusable_devices=[FreeDevice(i, numa_of.get(i, frozenset())) for i in sorted(reusable)]
+            if gpu_count
+            else (),
         )
         device_ids: tuple[str, ...] = ()
-        honoured = False
+        honoured = asked = False
+        reused: tuple[str, ...] = ()
         response = None
         if plugin is not None:
-            preferred = await self._preferred(plugin, placement.available, gpu_count)
-            device_ids, honoured = choose_devices(placement.available, preferred, gpu_count)
+            allocation = DeviceAllocation(resource, gpu_count, reusable, placement, self._rng)
+            preferred = None
+            if allocation.ask is not None and plugin.options.get_preferred_allocation_available:
+                asked = True
+                preferred = await self._preferred(plugin, allocation.ask)
+            device_ids, honoured = allocation.finish(preferred)
+            reused = allocation.reused
             response = await self._allocate(plugin, device_ids)
         return Admission(
             pod_uid=owner.pod_uid,
             container_name=owner.container_name,
             resource=resource,
             device_ids=device_ids,
-            cpu_numa=placement.numa,
+            cpu_numa=placement.cpu_numa,
             exclusive_cpus=cpu_count,
             aligned=placement.aligned,
             preferred_honoured=honoured,
             response=response,
+            numa=placement.numa,
+            reused=reused,
+            asked=asked,
         )
 
-    async def _preferred(
-        self, plugin: PluginConnection, available: tuple[str, ...], size: int
-    ) -> list[str] | None:
-        if not plugin.options.get_preferred_allocation_available:
-            return None
+    async def _preferred(self, plugin: PluginConnection, ask: PreferenceAsk) -> list[str] | None:
         try:
             async with asyncio.timeout(self.config.rpc_timeout):
-                return await plugin.get_preferred_allocation(available, (), size)
+                return await plugin.get_preferred_allocation(
+                    ask.available, ask.must_include, ask.size
+                )
         except aio.AioRpcError as exc:
-            raise UnexpectedAdmissionError(describe_rpc_error(exc)) from exc
+            raise UnexpectedAdmissionError(
+                f"device plugin GetPreferredAllocation rpc failed with err: "
+                f"{describe_rpc_error(exc)}"
+            ) from exc
         except TimeoutError as exc:
             raise UnexpectedAdmissionError("GetPreferredAllocation timed out") from exc
 

@@ -87,11 +87,15 @@ class DeviceLedger:
         ]
 
     def allocate(self, resource: str, ids: Sequence[str], owner: ContainerKey) -> None:
+        """Hand `ids` to `owner`. A replica may already be held by another container of the
+        same pod only: kubelet's reuse of an init container's devices (the first holder stays
+        the one named)."""
         taken = self._allocated.setdefault(resource, {})
-        clash = [device_id for device_id in ids if device_id in taken]
+        clash = [i for i in ids if i in taken and taken[i].pod_uid != owner.pod_uid]
         if clash:
             raise ValueError(f"{resource} replicas already allocated: {', '.join(clash)}")
-        taken.update(dict.fromkeys(ids, owner))
+        for device_id in ids:
+            taken.setdefault(device_id, owner)
 
     def allocations(self, resource: str) -> Mapping[str, ContainerKey]:
         """Replica ID -> holder, for one resource."""
@@ -109,27 +113,52 @@ class DeviceLedger:
 
 
 class CpuLedger:
-    """Static CPU manager: exclusive CPUs per NUMA node, counted, not numbered."""
+    """Static CPU manager: exclusive CPUs per NUMA node, counted, not numbered.
+
+    Reuse within a pod, as kubelet's static policy does it (`cpusToReuse`): the CPUs a regular
+    init container holds are reusable by the containers after it, which take them first; a
+    regular init container adds what it holds to the pod's reusable CPUs, any other container
+    takes out what it reused. A reused CPU is counted once."""
 
     def __init__(self, capacity: Mapping[int, int]) -> None:
         self._capacity = dict(capacity)
-        self._held: dict[ContainerKey, tuple[int, int]] = {}
+        self._held: dict[ContainerKey, tuple[int, int, int]] = {}
+        """owner -> (NUMA node, CPUs, of which taken from the free pool)."""
+        self._reusable: dict[str, dict[int, int]] = {}
+        """pod UID -> NUMA node -> CPUs its regular init containers hold, free for reuse."""
 
     def free(self) -> dict[int, int]:
         """Free exclusive CPUs per NUMA node."""
         free = dict(self._capacity)
-        for numa, count in self._held.values():
-            free[numa] -= count
+        for numa, _count, fresh in self._held.values():
+            free[numa] -= fresh
         return free
 
-    def allocate(self, numa: int | None, count: int, owner: ContainerKey) -> None:
+    def reusable(self, pod_uid: str) -> dict[int, int]:
+        """CPUs per NUMA node the pod's regular init containers hold for its later ones."""
+        return {n: c for n, c in self._reusable.get(pod_uid, {}).items() if c > 0}
+
+    def allocate(
+        self, numa: int | None, count: int, owner: ContainerKey, *, init: bool = False
+    ) -> int:
+        """Give `owner` `count` CPUs on `numa`, reusable ones first; `init`: a regular init
+        container (what it holds becomes reusable). Returns how many were reused."""
         if count == 0:
-            return
-        if numa is None or self.free().get(numa, 0) < count:
+            return 0
+        reusable = self._reusable.setdefault(owner.pod_uid, {})
+        reused = min(count, reusable.get(numa, 0)) if numa is not None else 0
+        fresh = count - reused
+        if numa is None or self.free().get(numa, 0) < fresh:
             raise ValueError(f"{count} CPUs do not fit on NUMA node {numa}")
-        self._held[owner] = (numa, count)
+        self._held[owner] = (numa, count, fresh)
+        if init:
+            reusable[numa] = reusable.get(numa, 0) + fresh
+        else:
+            reusable[numa] = reusable.get(numa, 0) - reused
+        return reused
 
     def release_pod(self, pod_uid: str) -> int:
         """Free the pod's CPUs; returns how many."""
         mine = [owner for owner in self._held if owner.pod_uid == pod_uid]
-        return sum(self._held.pop(owner)[1] for owner in mine)
+        self._reusable.pop(pod_uid, None)
+        return sum(self._held.pop(owner)[2] for owner in mine)

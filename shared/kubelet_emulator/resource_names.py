@@ -1,27 +1,8 @@
-"""kubelet's check that a device plugin's resource is an extended resource name.
-
-Only domain-prefixed names outside ``kubernetes.io`` can be advertised by a
-plugin (``nvidia.com/gpu`` yes, ``gpu`` or ``kubernetes.io/gpu`` no); kubelet
-refuses anything else at Register, and so does the emulator.
-"""
+"""kubelet's check that a device plugin's resource is an extended resource name (the rule lives
+in the core, shared/core/resource_names.py, which the kubelet version rule also reads)."""
 
 from __future__ import annotations
 
-import re
+from shared.core.resource_names import is_extended_resource_name
 
 __all__ = ["is_extended_resource_name"]
-
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """True for a qualified, domain-prefixed name that is not a native resource."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    # kubelet validates the quota form "requests.<name>" as a qualified name.
-    prefix, _, rest = f"requests.{name}".partition("/")
-    if not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
-        return False
-    return 0 < len(rest) <= 63 and _NAME.fullmatch(rest) is not None

@@ -16,17 +16,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared.core import codec, keys, numa_prediction
+from shared.core import codec, keys
 from shared.core.errors import CoreError
 from shared.core.model import ContainerKind
 from shared.core.pods import Alignment, parse_alignment, pod_from_object
-from shared.core.quantity import parse_quantity
 from shared.core.replicas import physical_ids
 from shared.kubelet_emulator import (
     AdmissionError,
-    ContainerAsk,
     KubeletEmulator,
     UnexpectedAdmissionError,
+    container_asks,
+    rejected_status,
 )
 from shared.service import kube_io
 from shared.simulate.scenario import CreatePod, DeletePod
@@ -157,29 +157,6 @@ class PodReport:
         }
 
 
-def exclusive_cpus(container: dict[str, Any]) -> int:
-    """Integer CPUs of a container with equal CPU requests and limits (the static CPU manager
-    gives those exclusive cores); 0 otherwise. The scheduler predicts by the same rule."""
-    resources = container.get("resources") or {}
-    return numa_prediction.exclusive_cpus(
-        resources.get("limits") or {}, resources.get("requests") or {}
-    )
-
-
-def gpu_count(container: dict[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    raw = (resources.get("limits") or {}).get(RESOURCE) or (resources.get("requests") or {}).get(
-        RESOURCE
-    )
-    if raw is None:
-        return 0
-    try:
-        value = parse_quantity(raw)
-    except ValueError:
-        return 0
-    return int(value) if value.denominator == 1 and value > 0 else 0
-
-
 class Driver:
     def __init__(self, env: Environment, session: aiohttp.ClientSession) -> None:
         self.env = env
@@ -296,8 +273,6 @@ class Driver:
             if pod.annotations.get(keys.ALLOCATED)
             else []
         )
-        spec = current.get("spec") or {}
-        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
         known = frozenset(sim.gpu_numa)
         for index, entry in enumerate(report.containers):
             if index < len(reserved):
@@ -306,16 +281,19 @@ class Driver:
             alignment = parse_alignment(pod.annotations.get(keys.NUMA_ALIGNMENT))
         except CoreError:
             alignment = None
-        asks = [
-            ContainerAsk(c["name"], gpu_count(c), exclusive_cpus(c), RESOURCE) for c in containers
-        ]
-        result = await sim.kubelet.admit_pod(report.uid, asks)
+        # As kubelet's managers see the pod: its QoS decides whether CPUs are pinned.
+        result = await sim.kubelet.admit_pod(report.uid, container_asks(current, RESOURCE))
         for index, admission in enumerate(result.admitted):
             entry = report.containers[index]
             entry.gpus = physical_ids(admission.device_ids, known)
             entry.gpu_numa = [sim.gpu_numa[g] for g in entry.gpus]
             entry.cpu_numa = admission.cpu_numa
-            entry.aligned = sim.policy_none or all(n == admission.cpu_numa for n in entry.gpu_numa)
+            # Without pinned CPUs (a Burstable pod) nothing can be misaligned with them.
+            entry.aligned = (
+                sim.policy_none
+                or admission.cpu_numa is None
+                or all(n == admission.cpu_numa for n in entry.gpu_numa)
+            )
             seen = Observed(
                 tuple(entry.reserved_gpus),
                 tuple(entry.gpus),
@@ -325,17 +303,16 @@ class Driver:
             entry.refit = sim.refit_outcome(report.uid, index, seen)
         if result.error is not None:
             exc = result.error
-            index = len(result.admitted)
-            entry = report.containers[index]
-            seen = Observed(tuple(entry.reserved_gpus), (), False, alignment, exc)
-            entry.refit = sim.refit_outcome(report.uid, index, seen)
+            failed = result.failed_index  # None: kubelet's predicate refused the whole pod
+            if failed is not None:
+                entry = report.containers[failed]
+                seen = Observed(tuple(entry.reserved_gpus), (), False, alignment, exc)
+                entry.refit = sim.refit_outcome(report.uid, failed, seen)
             report.phase = "Failed"
             report.reason = exc.reason
-            report.message = str(exc)
+            report.message = exc.message  # kubelet's Event text; the status is prefixed
             await self.kube.patch_pod_status(
-                report.namespace,
-                report.name,
-                {"phase": "Failed", "reason": exc.reason, "message": str(exc)},
+                report.namespace, report.name, rejected_status(current, exc)
             )
             await self._settled(lambda: self._ledger_forgot(report.uid))
             await self.env.topology_seen(node)

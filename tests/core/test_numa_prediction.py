@@ -161,16 +161,38 @@ def numa_node(
 
 def test_each_container_takes_its_cpus_before_the_next_is_decided() -> None:
     demands = [
-        ContainerDemand("prepare", INIT, 20, 1),
+        ContainerDemand("cpu-hog", APP, 20, 0),
         ContainerDemand("sidecar-free", APP, 0, 0),
         ContainerDemand("main", APP, 8, 1),
     ]
     prediction = predict_pod(numa_node({0: 24, 1: 32}), demands)
-    assert prediction.predicted(0) == 0
     assert prediction.predicted(1) is None  # no GPU
-    assert prediction.predicted(2) == 1  # NUMA 0 has 4 CPUs left after prepare's 20
+    assert prediction.predicted(2) == 1  # NUMA 0 has 4 CPUs left after cpu-hog's 20
     assert prediction.cpus == ((0, 20), (1, 8))
     assert prediction.refused is None
+
+
+def test_an_app_container_reuses_its_init_containers_cpus_and_replicas() -> None:
+    # kubelet's static policy and device manager: what a regular init container held is taken
+    # first by the containers after it, and their hint must include its NUMA node. main
+    # therefore lands on NUMA 0 (prepare's) with 8 of prepare's 20 CPUs and its replica, even
+    # though NUMA 0 has only 4 CPUs free besides them; nothing more is taken there.
+    demands = [
+        ContainerDemand("prepare", INIT, 20, 1),
+        ContainerDemand("main", APP, 8, 1),
+    ]
+    prediction = predict_pod(numa_node({0: 24, 1: 32}, {0: 1, 1: 40}), demands)
+    assert (prediction.predicted(0), prediction.predicted(1)) == (0, 0)
+    assert prediction.cpus == ((0, 20),)
+    # A sidecar (restartable init container) adds nothing to reuse: the app after it needs
+    # CPUs of its own, and NUMA 0's 4 free ones are too few.
+    sidecar = [
+        ContainerDemand("proxy", ContainerKind.SIDECAR, 20, 1),
+        ContainerDemand("main", APP, 8, 1),
+    ]
+    prediction = predict_pod(numa_node({0: 24, 1: 32}, {0: 1, 1: 40}), sidecar)
+    assert (prediction.predicted(0), prediction.predicted(1)) == (0, 1)
+    assert prediction.cpus == ((0, 20), (1, 8))
 
 
 def test_a_cpu_only_container_also_takes_cpus() -> None:

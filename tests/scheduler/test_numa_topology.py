@@ -38,7 +38,8 @@ def snapshot() -> NodeSnapshot:
 
 def gpu_pod(name: str, cpu: int, *, strict: bool = False, mem: int = 1000) -> dict[str, Any]:
     spec = container("main", 1, mem)
-    spec["resources"]["limits"]["cpu"] = str(cpu)
+    # CPU and memory limits: a Guaranteed pod, whose whole CPUs kubelet pins.
+    spec["resources"]["limits"].update({"cpu": str(cpu), "memory": "1Gi"})
     annotations = {keys.NUMA_ALIGNMENT: "strict"} if strict else {}
     return pod(name, containers=[spec], annotations=annotations)
 

@@ -160,6 +160,8 @@ def test_fallback_containers_fire_after_thirty_minutes(tmp_path: Path) -> None:
 
 
 DRIFT = "numafit_accounting_allocation_drift_total"
+ALLOCATED = "numafit_deviceplugin_allocations_total"
+ALLOCATIONS = f'{ALLOCATED}{{result="ok"}}'
 REFITS = "numafit_deviceplugin_refits_total"
 UNEXPLAINED = "NumafitUnexplainedAllocationDrift"
 
@@ -190,16 +192,19 @@ def drift_case(
     return {"interval": "1m", "input_series": series, "alert_rule_test": tests}
 
 
-def test_drift_of_pods_not_opted_in_does_not_fire(tmp_path: Path) -> None:
+def test_drift_kubelet_was_free_to_choose_does_not_fire(tmp_path: Path) -> None:
     everywhere = ["5m", "30m", "1h", "2h"]
     cases = [
         # Two nodes' drift, every one of them a mismatch of a pod without
-        # hami.io/numa-alignment (the device plugins count them not_opted_in): what `numafit up`
-        # and compose produce from their first minute on, by design.
+        # hami.io/numa-alignment (the plugins count them not_opted_in, and let kubelet pick):
+        # what `numafit up` and compose produce from their first minute on, by design. The
+        # other allocations follow the plugin's selection (moved) and do not drift.
         drift_case(
             [
                 {"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"},
                 {"series": f'{DRIFT}{{node="n2"}}', "values": "0+1x150"},
+                {"series": f'{ALLOCATED}{{result="ok",node="n1"}}', "values": "0+6x150"},
+                {"series": f'{ALLOCATED}{{result="ok",node="n2"}}', "values": "0+2x150"},
                 {
                     "series": f'{REFITS}{{mode="none",result="not_opted_in",node="n1"}}',
                     "values": "0+2x150",
@@ -210,17 +215,21 @@ def test_drift_of_pods_not_opted_in_does_not_fire(tmp_path: Path) -> None:
                 },
                 {
                     "series": f'{REFITS}{{mode="best-effort",result="moved",node="n1"}}',
-                    "values": "0+5x150",
+                    "values": "0+4x150",
+                },
+                {
+                    "series": f'{REFITS}{{mode="strict",result="moved",node="n2"}}',
+                    "values": "0+1x150",
                 },
             ],
             quiet=everywhere,
             firing={},
         ),
-        # Not opted in, best-effort fallbacks and best-effort timeouts together explain it.
+        # Best-effort fallbacks and timeouts: kubelet picks.
         drift_case(
             [
-                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+3x150"},
-                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0+1x150"},
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"},
+                {"series": ALLOCATIONS, "values": "0+2x150"},
                 {
                     "series": f'{REFITS}{{mode="best-effort",result="fallback"}}',
                     "values": "0+1x150",
@@ -230,11 +239,27 @@ def test_drift_of_pods_not_opted_in_does_not_fire(tmp_path: Path) -> None:
             quiet=everywhere,
             firing={},
         ),
-        # The plugin's count lags accounting's by a scrape (two processes, scraped apart): the
-        # difference at the window's edges is no drift to act on.
+        # Devices kubelet reuses from an init container: it allocates them without asking the
+        # plugin (an Allocate with no GetPreferredAllocation before it), and they may differ
+        # from the app container's reservation. The plugin exports every outcome's series
+        # from its start, not_opted_in among them, at zero here.
+        drift_case(
+            [
+                {"series": f'{DRIFT}{{node="n1"}}', "values": "0+1x150"},
+                {"series": ALLOCATIONS, "values": "0+4x150"},
+                {"series": f'{REFITS}{{mode="strict",result="moved"}}', "values": "0+2x150"},
+                {"series": f'{REFITS}{{mode="strict",result="no_mismatch"}}', "values": "0+1x150"},
+                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0x150"},
+            ],
+            quiet=everywhere,
+            firing={},
+        ),
+        # accounting's count runs a scrape ahead of the plugin's (two processes, scraped
+        # apart): the difference at the window's edges is no drift to act on.
         drift_case(
             [
                 {"series": f'{DRIFT}{{node="n1"}}', "values": "0+4x150"},
+                {"series": ALLOCATIONS, "values": "0 0+4x149"},
                 {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0 0+4x149"},
             ],
             quiet=everywhere,
@@ -250,25 +275,40 @@ def test_drift_of_pods_not_opted_in_does_not_fire(tmp_path: Path) -> None:
     promtool_test(tmp_path, cases)
 
 
-def test_drift_no_policy_explains_fires_after_ten_minutes(tmp_path: Path) -> None:
+def test_drift_against_the_plugins_selection_fires_after_ten_minutes(tmp_path: Path) -> None:
     cases = [
-        # 2 drifts a minute, 1 explained (not opted in): 60 unexplained in the hour. Strict
-        # timeouts fail the admission (nothing is allocated), so they explain no drift.
+        # 3 allocations a minute, 2 of them on devices the plugin selected (a move, one already
+        # aligned), yet 2 drift: 1 a minute, 60 in the hour, kubelet did not follow. Strict
+        # failures and timeouts end in no allocation, so they change nothing.
         drift_case(
             [
                 {"series": f'{DRIFT}{{node="n1"}}', "values": "0+2x150"},
+                {"series": ALLOCATIONS, "values": "0+3x150"},
+                {"series": f'{REFITS}{{mode="best-effort",result="moved"}}', "values": "0+1x150"},
+                {
+                    "series": f'{REFITS}{{mode="strict",result="already_aligned"}}',
+                    "values": "0+1x150",
+                },
                 {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0+1x150"},
                 {"series": f'{REFITS}{{mode="strict",result="timeout"}}', "values": "0+1x150"},
+                {
+                    "series": f'{REFITS}{{mode="strict",result="strict_failed"}}',
+                    "values": "0+1x150",
+                },
             ],
             quiet=["5m"],
             firing={"30m": "30", "1h": "60", "2h": "60"},
         ),
-        # A burst of 20 unexplained drifts at 30m, then none: firing from ten minutes after
-        # it until it has left the hour's window.
+        # A burst of 20 drifts at 30m with no allocation the plugin left to kubelet: firing
+        # from ten minutes after it until it has left the hour's window.
         drift_case(
             [
                 {"series": f'{DRIFT}{{node="n1"}}', "values": "0x30 20+0x120"},
-                {"series": f'{REFITS}{{mode="none",result="not_opted_in"}}', "values": "0x150"},
+                {"series": ALLOCATIONS, "values": "0x30 20+0x120"},
+                {
+                    "series": f'{REFITS}{{mode="best-effort",result="moved"}}',
+                    "values": "0x30 20+0x120",
+                },
             ],
             quiet=["29m", "35m", "95m"],
             firing={"45m": "20", "80m": "20"},

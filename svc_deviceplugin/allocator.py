@@ -30,6 +30,7 @@ Allocate fails as before: the plugin cannot tell what the container was reserved
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -43,9 +44,16 @@ from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.errors import CoreError
+from shared.core.fallback import fallback_choice
 from shared.core.model import ContainerDevice
 from shared.core.pods import Alignment, parse_alignment
-from shared.core.replicas import ReplicaMismatch, SelectionError, physical_ids, select_replicas
+from shared.core.replicas import (
+    ReplicaMismatch,
+    SelectionError,
+    distinct_selection,
+    physical_ids,
+    select_replicas,
+)
 from shared.messages import PendingEntry, PendingPod, RefitReply
 from shared.service import natsconn
 from shared.service.backoff import Backoff
@@ -55,7 +63,7 @@ from svc_deviceplugin.deferred import DeferredConsumes
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
 from svc_deviceplugin.journal import ConsumeJournal, DeferredConsume, JournalFull
 from svc_deviceplugin.metrics import PluginMetrics, allocation_result
-from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
+from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, judged, mode_label
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -87,6 +95,10 @@ writing the journal should the consume not be answered."""
 KNOWN_FOR_S = 10.0
 """How long after GetPreferredAllocation its entries may answer an Allocate: kubelet calls
 Allocate right after it, so an older one belongs to an admission that went no further."""
+FALLBACK_RESERVE_S = 0.25
+"""Seconds of a best-effort container's budget kept back from its refit, so that kubelet's GPUs
+can still be judged (the fallback rule, on a snapshot of accounting's usage) should the refit
+not move the reservation (a quarter of a shorter budget)."""
 
 
 def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
@@ -138,6 +150,16 @@ class ContainerPreference:
 
 
 @dataclass(frozen=True, slots=True)
+class Judged:
+    """The fallback rule's answer for kubelet's offered replicas: the preferred ones, or why
+    none satisfies the pod (`refusal`), or neither when it could not be judged."""
+
+    selection: list[str] | None = None
+    refusal: str = ""
+    source: str = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
 class RefitAnswer:
     """What one refit request came to: the reply (None: none usable), why there is none,
     whether the budget ran out first."""
@@ -186,6 +208,9 @@ class Allocator:
         self._admitting_at = 0.0
         self._moved: dict[tuple[str, int], str] = {}
         """Within one GetPreferredAllocation: the entry a refit moved (pod UID, index)."""
+        self._handed: tuple[str, set[str]] = ("", set())
+        """The pod last allocated and the replica IDs its containers were handed: kubelet
+        gives an app container its init container's replicas again (device reuse)."""
 
     # --- GetPreferredAllocation -------------------------------------------------------------
 
@@ -203,7 +228,9 @@ class Allocator:
         """Preferred replica IDs per container request (empty = let kubelet choose)."""
         deadline = deadline or self.deadline()
         self._admitting, self._moved = [], {}
-        nothing: list[list[str]] = [[] for _ in requests]
+        # Without the pending pod there is nothing to prefer but distinct GPUs: kubelet's own
+        # pick could hand a container two replicas of one GPU.
+        nothing = [self._distinct(r) for r in requests]
         budget = self._budget(deadline)
         if budget < MIN_HOP_S:
             log.warning("no preference: the call's budget is spent")
@@ -228,7 +255,11 @@ class Allocator:
         admitting = []
         for k, container in enumerate(requests):
             entry = entries[k] if k < len(entries) else None
-            answers.append(await self._prefer_one(pod, entry, container, deadline) if entry else [])
+            answers.append(
+                await self._prefer_one(pod, entry, container, deadline)
+                if entry
+                else self._distinct(container)
+            )
             if entry is not None:
                 devices = self._moved.pop((pod.uid, entry.index), entry.devices)
                 admitting.append(
@@ -272,8 +303,11 @@ class Allocator:
                 )
             return await self._mismatch(pod, entry, request, mismatch, mode, where, deadline)
         except (SelectionError, CoreError) as exc:
-            log.info("no preference", extra={**where, "error": bounded(str(exc))})
-            return []
+            log.info(
+                "no preference from the reservation", extra={**where, "error": bounded(str(exc))}
+            )
+            return self._distinct(request)
+        self.metrics.preferences.labels("reservation").inc()
         return await self._settle(
             decide(mismatch=False, mode=mode), mode, pod, entry, where, deadline, selection
         )
@@ -291,8 +325,8 @@ class Allocator:
         allowed = self.config.refit_enabled and not self.config.mig_mode
         if mode is None or not allowed:
             outcome = decide(mismatch=True, mode=mode, refit_allowed=allowed)
-            return await self._settle(
-                outcome, mode, pod, entry, where, deadline, detail=bounded(str(mismatch))
+            return await self._kubelets_gpus(
+                outcome, mode, pod, entry, request, where, deadline, bounded(str(mismatch))
             )
         log.info("mismatch, asking for a refit", extra={**where, "mode": mode.value})
         refit = messages.RefitRequest(
@@ -306,8 +340,9 @@ class Allocator:
             allowed_device_uuids=tuple(codec.unique_physical_ids(request.available, self.known)),
             mode=mode.value,
             # What is left of this kubelet call, not a fresh budget: the refit service and
-            # accounting derive their own deadlines from it.
-            timeout_ms=max(deadline.remaining_ms(), 1),
+            # accounting derive their own deadlines from it. A best-effort pod keeps a little
+            # back for judging kubelet's GPUs should the refit not move it.
+            timeout_ms=max(deadline.remaining_ms() - self._fallback_reserve_ms(mode, deadline), 1),
         )
         started = time.perf_counter()
         if deadline.remaining() < MIN_HOP_S:
@@ -334,9 +369,107 @@ class Allocator:
             mappable=selection is not None,
         )
         code = _code_text(reply.code) if reply is not None else "unknown"
+        if EFFECTS[outcome].then is Then.FALLBACK:
+            return await self._kubelets_gpus(
+                outcome, mode, pod, entry, request, where, deadline, detail, code
+            )
+        if selection is not None:
+            self.metrics.preferences.labels("refit").inc()
         return await self._settle(
             outcome, mode, pod, entry, where, deadline, selection, detail=detail, code=code
         )
+
+    def _fallback_reserve_ms(self, mode: Alignment, deadline: Deadline) -> int:
+        if mode is not Alignment.BEST_EFFORT:
+            return 0
+        return int(min(FALLBACK_RESERVE_S, deadline.remaining() / 4) * 1000)
+
+    async def _kubelets_gpus(
+        self,
+        outcome: Outcome,
+        mode: Alignment | None,
+        pod: PendingPod,
+        entry: PendingEntry,
+        request: ContainerPreference,
+        where: dict[str, object],
+        deadline: Deadline,
+        detail: str,
+        code: str = "unknown",
+    ) -> list[str]:
+        """The container is left to kubelet's offered replicas (a pod that did not opt in, or a
+        best-effort refit that did not move it): prefer those the fallback rule picks
+        (`shared.core.fallback`: the pod's own constraints, its GPU policy's order, distinct
+        GPUs), and refuse an opted-in pod none of them satisfies."""
+        found = await self._judge(pod, entry, request, deadline)
+        settled = judged(outcome, mode, satisfied=found.refusal == "")
+        if settled is not outcome:
+            prior = EFFECTS[outcome].record.format(code=code)
+            return await self._settle(
+                settled, mode, pod, entry, where, deadline, detail=found.refusal, prior=prior
+            )
+        if found.selection is None and found.refusal:
+            # A pod that did not opt in: kubelet's choice runs as in HAMi; it still gets
+            # distinct GPUs where kubelet offers them.
+            log.warning(
+                "no offered GPU satisfies the pod; kubelet picks",
+                extra={**where, "why": found.refusal},
+            )
+            found = Judged(self._distinct(request), source="distinct")
+        self.metrics.preferences.labels(found.source if found.selection else "none").inc()
+        return await self._settle(
+            outcome, mode, pod, entry, where, deadline, found.selection, detail=detail, code=code
+        )
+
+    async def _judge(
+        self, pod: PendingPod, entry: PendingEntry, request: ContainerPreference, deadline: Deadline
+    ) -> Judged:
+        """kubelet's offered replicas judged by the fallback rule on accounting's usage (one
+        snapshot of the node with the pod); distinct GPUs, unjudged, when the usage cannot be
+        had within the call's budget."""
+        where = {"pod": f"{pod.namespace}/{pod.name}", "container": entry.index}
+        budget = self._budget(deadline)
+        try:
+            if budget < MIN_HOP_S:
+                raise AccountingUnavailable("the call's budget is spent")
+            reply = await self.accounting.ask(
+                messages.SnapshotRequest(node=self.config.node, pod_uid=pod.uid),
+                messages.SnapshotReply,
+                budget,
+            )
+            states = reply.nodes or ()
+            wire = reply.pod
+            if not reply.ok or not states or not isinstance(wire, messages.TrackedPodWire):
+                raise AccountingUnavailable(f"no usage for the pod ({_code_text(reply.code)})")
+            node = states[0].to_state().snapshot()
+            tracked = wire.to_core()
+        except (AccountingUnavailable, messages.MessageError) as exc:
+            log.warning(
+                "kubelet's GPUs not judged: no usage at hand",
+                extra={**where, "error": bounded(str(exc))},
+            )
+            selection = self._distinct(request)
+            return Judged(selection or None, source="distinct")
+        if node is None:
+            return Judged(self._distinct(request) or None, source="distinct")
+        offered = codec.unique_physical_ids(request.available, self.known)
+        choice = fallback_choice(tracked, entry.index, node, offered)
+        if not choice.ok:
+            return Judged(refusal=bounded(choice.reason))
+        try:
+            selection = select_replicas(
+                request.available, request.required, list(choice.gpus), request.size, self.known
+            )
+        except SelectionError:
+            # kubelet's must-include replicas are not among the picks: distinct GPUs instead.
+            return Judged(self._distinct(request) or None, source="distinct")
+        return Judged(selection)
+
+    def _distinct(self, request: ContainerPreference) -> list[str]:
+        """Replicas of distinct GPUs among those offered (empty when there are too few)."""
+        try:
+            return distinct_selection(request.available, request.required, request.size, self.known)
+        except SelectionError:
+            return []
 
     async def _settle(
         self,
@@ -350,12 +483,13 @@ class Allocator:
         *,
         detail: str = "",
         code: str = "unknown",
+        prior: str = "",
     ) -> list[str]:
         """Do what `outcome` says (`EFFECTS`): count it, record it, log it, then answer."""
         effect = EFFECTS[outcome]
         key = (pod.uid, entry.index)
         self.metrics.refits.labels(mode_label(outcome, mode), effect.result).inc()
-        self.outcomes[key] = effect.record.format(code=code)
+        self.outcomes[key] = effect.record.format(code=code, prior=prior)
         if effect.then is Then.FAIL:
             await self._fail_binding(pod.uid, deadline)
         if effect.message is not None:
@@ -365,10 +499,11 @@ class Allocator:
                 extra["replicas"] = selection
             log.log(effect.level, effect.message, extra=extra)
         if effect.then is Then.FAIL:
-            raise AdmissionRefused(effect.refusal.format(detail=detail))
+            mode_text = mode.value if mode is not None else "none"
+            raise AdmissionRefused(effect.refusal.format(detail=detail, mode=mode_text))
         if effect.then is Then.FALLBACK:
             self.fallbacks.add(key)
-        return (selection or []) if effect.then is Then.SELECT else []
+        return selection or []
 
     async def _ask(self, refit: messages.RefitRequest) -> RefitAnswer:
         """One request, no retry."""
@@ -454,6 +589,10 @@ class Allocator:
                 invalid_argument=True,
             )
         known = self._take_admitting(len(gpus))
+        if known is None:
+            # No GetPreferredAllocation before this Allocate: kubelet may be handing an app
+            # container the replicas of its pod's init container (device reuse).
+            known = await self._reused(device_ids, gpus, deadline)
         request = await self._consume_request(gpus, known, deadline)
         try:
             # With the entry known, some of the call is kept for journalling it (a quarter of
@@ -467,7 +606,7 @@ class Allocator:
                     f"{exc} (GetPreferredAllocation fetched no entry for this container, so "
                     "the plugin cannot answer without accounting)"
                 ) from exc
-            return await self._defer(known, gpus, exc)
+            return await self._defer(known, gpus, exc, device_ids)
         try:
             if reply.container_devices is None:
                 raise CoreError("no containerDevices")
@@ -476,10 +615,98 @@ class Allocator:
             raise self._unusable(exc) from exc
         uid = reply.pod_uid or ""
         index = -1 if reply.container_index is None else reply.container_index
-        self._allocated(uid, index, reply.container_name)
+        self._allocated(uid, index, reply.container_name, device_ids)
         return container_allocation(entry, uid, reply.container_name or "", self.config.hami_core)
 
-    def _allocated(self, uid: str, index: int, container_name: str | None) -> None:
+    async def _reused(
+        self, device_ids: Sequence[str], gpus: Sequence[str], deadline: Deadline
+    ) -> Admitting | None:
+        """The pending entry of an app container kubelet gives replicas it already handed to
+        the pod's init container (kubelet's device reuse: no GetPreferredAllocation is asked),
+        its reservation moved onto those GPUs first when it is elsewhere, so that accounting
+        records what runs without calling it a difference from the reservation. None when the
+        replicas are not the pod's own (a container kubelet gave no choice: consumed as is)."""
+        uid, handed = self._handed
+        if not uid or not set(device_ids) <= handed or self._budget(deadline) < MIN_HOP_S:
+            return None
+        try:
+            pending = await self.accounting.ask(
+                messages.PendingRequest(node=self.config.node),
+                messages.PendingReply,
+                self._budget(deadline),
+            )
+        except AccountingUnavailable:
+            return None  # the consume that follows says what is wrong
+        pod = pending.pod
+        if not pending.ok or not isinstance(pod, PendingPod) or pod.uid != uid:
+            return None
+        unrecorded = self.deferred.journal.indices(uid)
+        entry = next((e for e in pod.entries if e.index not in unrecorded), None)
+        try:
+            reserved = codec.decode_container(entry.devices) if entry is not None else ()
+        except CoreError:
+            return None
+        if entry is None or len(reserved) != len(gpus):
+            return None
+        where = {"pod": f"{pod.namespace}/{pod.name}", "container": entry.index}
+        found = Admitting(
+            uid, pod.namespace, pod.name, entry.index, entry.container_name, entry.devices
+        )
+        self.outcomes[(uid, entry.index)] = "reused"
+        if {d.uuid for d in reserved} == set(gpus):
+            self.metrics.init_reuses.labels("same").inc()
+            log.info(
+                "kubelet reused the init container's replicas",
+                extra={**where, "devices": list(gpus)},
+            )
+            return found
+        try:
+            mode = parse_alignment(pod.numa_alignment) or Alignment.BEST_EFFORT
+        except CoreError:
+            mode = Alignment.BEST_EFFORT
+        refit = messages.RefitRequest(
+            pod_uid=uid,
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            node_name=self.config.node,
+            container_index=entry.index,
+            container_name=entry.container_name or msgspec.UNSET,
+            device_type=keys.NVIDIA,
+            allowed_device_uuids=tuple(dict.fromkeys(gpus)),
+            mode=mode.value,
+            # The consume comes after it: keep its share of the call.
+            timeout_ms=max(deadline.remaining_ms() - int(DEFER_RESERVE_S * 2000), 1),
+        )
+        answer = await self._ask(refit)
+        reply = answer.reply
+        if reply is not None and reply.succeeded and reply.container_devices:
+            self.metrics.init_reuses.labels("moved").inc()
+            log.info(
+                "kubelet reused the init container's replicas; the reservation followed",
+                extra={**where, "devices": list(gpus), "code": _code_text(reply.code)},
+            )
+            return dataclasses.replace(found, devices=reply.container_devices)
+        self.metrics.init_reuses.labels("unmoved").inc()
+        why = answer.failure or (reply.failure_reason if reply is not None else "") or "refused"
+        log.warning(
+            "kubelet reused the init container's replicas; the reservation could not follow, "
+            "accounting records what runs",
+            extra={**where, "devices": list(gpus), "why": bounded(why or "")},
+        )
+        return found
+
+    def _allocated(
+        self,
+        uid: str,
+        index: int,
+        container_name: str | None,
+        device_ids: Sequence[str] = (),
+    ) -> None:
+        if uid:
+            # What the pod's containers hold: an app container handed the same replicas
+            # again is given its init container's devices (kubelet's reuse).
+            held = self._handed[1] if self._handed[0] == uid else set()
+            self._handed = (uid, held | set(device_ids))
         if (uid, index) in self.fallbacks:
             self.fallbacks.discard((uid, index))
             name = container_name if container_name is not None else str(index)
@@ -524,7 +751,7 @@ class Allocator:
         )
 
     async def _defer(
-        self, known: Admitting, gpus: Sequence[str], why: _Unrecorded
+        self, known: Admitting, gpus: Sequence[str], why: _Unrecorded, device_ids: Sequence[str]
     ) -> ContainerAllocation:
         """Answer kubelet from the known entry and journal the consumption."""
         try:
@@ -561,7 +788,7 @@ class Allocator:
                 "journalled": durable,
             },
         )
-        self._allocated(known.uid, known.index, known.container_name)
+        self._allocated(known.uid, known.index, known.container_name, device_ids)
         return container_allocation(entry, known.uid, known.container_name, self.config.hami_core)
 
     def _unusable(self, exc: Exception) -> AdmissionRefused:
@@ -618,6 +845,8 @@ class Allocator:
         self.fallback_containers = {m for m in self.fallback_containers if m[0] in alive}
         self.fallbacks = {f for f in self.fallbacks if f[0] in alive}
         self.outcomes = {k: v for k, v in self.outcomes.items() if k[0] in alive}
+        if self._handed[0] not in alive:
+            self._handed = ("", set())
         self.metrics.set_fallback_containers(len(self.fallback_containers))
 
 

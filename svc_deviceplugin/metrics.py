@@ -23,6 +23,7 @@ REFIT_RESULTS: dict[str, tuple[str, ...]] = {
         "moved",
         "already_aligned",
         "fallback",
+        "fallback_refused",
         "timeout",
         "unmappable",
         "no_mismatch",
@@ -30,6 +31,7 @@ REFIT_RESULTS: dict[str, tuple[str, ...]] = {
     "strict": (
         "moved",
         "already_aligned",
+        "fallback_refused",
         "strict_failed",
         "timeout",
         "unmappable",
@@ -61,6 +63,14 @@ to the journal (no answer in time, a takeover under way, accounting out of budge
 REPLAY_RESULTS = ("recorded", "retry", "dropped")
 JOURNAL_ERRORS = ("write_failed", "full", "unreadable")
 
+PREFERENCES = ("reservation", "refit", "fallback", "distinct", "none")
+"""`numafit_deviceplugin_preferences_total{source}`: what a container's GetPreferredAllocation
+answer came from (the reservation, a refit's move, the fallback rule on accounting's usage,
+distinct GPUs unjudged, or nothing)."""
+REUSE_RESULTS = ("same", "moved", "unmoved")
+"""`numafit_deviceplugin_init_reuses_total{result}`: an Allocate naming replicas kubelet took
+over from the pod's init container, by what became of the container's reservation."""
+
 CALL_METHODS = ("GetPreferredAllocation", "Allocate")
 XID_ACTIONS = (
     "marked_unhealthy",
@@ -83,7 +93,8 @@ class PluginMetrics:
         self.refits = Counter(
             "numafit_deviceplugin_refits",
             "GetPreferredAllocation outcomes by refit mode and result (moved, already_aligned, "
-            "fallback, strict_failed, timeout, unmappable, no_mismatch, not_opted_in).",
+            "fallback, fallback_refused, strict_failed, timeout, unmappable, no_mismatch, "
+            "not_opted_in).",
             ["mode", "result"],
             registry=self.registry,
         )
@@ -177,6 +188,25 @@ class PluginMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.preferences = Counter(
+            "numafit_deviceplugin_preferences",
+            "GetPreferredAllocation container answers by what they came from: reservation, "
+            "refit, fallback (the pod's own fit on the offered GPUs, on accounting's usage), "
+            "distinct (distinct GPUs, not judged: no usage at hand), none.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.init_reuses = Counter(
+            "numafit_deviceplugin_init_reuses",
+            "Allocate calls (no GetPreferredAllocation before them) naming replicas kubelet took "
+            "over from the pod's init container, by result: same (reserved there already), "
+            "moved (a refit moved the reservation there first), unmoved (it could not move: "
+            "accounting records what runs).",
+            ["result"],
+            registry=self.registry,
+        )
+        at_zero(self.preferences, PREFERENCES)
+        at_zero(self.init_reuses, REUSE_RESULTS)
         for mode, results in REFIT_RESULTS.items():
             at_zero(self.refits, (mode,), results)
         at_zero(self.allocations, ALLOCATION_RESULTS)

@@ -45,6 +45,9 @@ class Outcome(enum.Enum):
     """Best-effort, the move is committed but kubelet cannot honour it: the admission fails."""
     STRICT_UNMAPPABLE = enum.auto()
     """Strict, the move is committed but kubelet cannot honour it: the admission fails."""
+    FALLBACK_REFUSED = enum.auto()
+    """An opted-in pod left to kubelet's GPUs (refit refused, unanswered, timed out, or not
+    asked), and no offered GPU satisfies its own constraints: the admission fails."""
 
 
 class Then(enum.Enum):
@@ -65,7 +68,8 @@ class Effect:
     result: str
     """The metric's `result` label."""
     record: str
-    """What `numafit simulate` reports (`{code}`: the refusal's bounded code)."""
+    """What `numafit simulate` reports (`{code}`: the refusal's bounded code; `{prior}`: the
+    record of the outcome this one replaced)."""
     then: Then
     level: int = logging.INFO
     message: str | None = None
@@ -83,6 +87,7 @@ _STRICT = "strict refit failed"
 _STRICT_REFUSAL = "numa-alignment strict: {detail}"
 _UNMAPPABLE = "refit committed but unmappable"
 _UNMAPPABLE_REFUSAL = "numa refit committed but kubelet cannot honor the selection: {detail}"
+_FALLBACK_REFUSED = "fallback refused: no offered GPU satisfies the pod"
 
 EFFECTS: Final[Mapping[Outcome, Effect]] = {
     Outcome.NO_MISMATCH: Effect("no_mismatch", "none", Then.SELECT),
@@ -136,6 +141,14 @@ EFFECTS: Final[Mapping[Outcome, Effect]] = {
         "error",
         _UNMAPPABLE_REFUSAL,
     ),
+    Outcome.FALLBACK_REFUSED: Effect(
+        "fallback_refused",
+        "{prior}",
+        Then.FAIL,
+        logging.ERROR,
+        _FALLBACK_REFUSED,
+        refusal="numa-alignment {mode}: no GPU kubelet offers satisfies the pod: {detail}",
+    ),
 }
 
 
@@ -170,6 +183,16 @@ def decide(
     if strict:
         return Outcome.STRICT_FAILED
     return Outcome.FALLBACK if reply is None else Outcome.REFUSED
+
+
+def judged(outcome: Outcome, mode: Alignment | None, satisfied: bool) -> Outcome:
+    """An outcome leaving the container to kubelet's GPUs, once the fallback rule judged them
+    (`shared.core.fallback`): an opted-in pod none of whose offered GPUs satisfies its own
+    constraints is refused (best-effort gives up NUMA alignment, not those); a pod that did not
+    opt in keeps HAMi's behaviour (kubelet's choice runs, accounting follows it)."""
+    if satisfied or mode is None or EFFECTS[outcome].then not in (Then.KUBELET, Then.FALLBACK):
+        return outcome
+    return Outcome.FALLBACK_REFUSED
 
 
 def mode_label(outcome: Outcome, mode: Alignment | None) -> str:

@@ -72,3 +72,35 @@ def select_replicas(
 def physical_ids(replicas: Iterable[str], known: frozenset[str] | None = None) -> list[str]:
     """Physical UUIDs of kubelet's replica IDs, in order (duplicates kept)."""
     return [physical_id(r, known) for r in replicas]
+
+
+def distinct_selection(
+    available: Sequence[str],
+    required: Sequence[str],
+    size: int,
+    known: frozenset[str] | None = None,
+) -> list[str]:
+    """`size` replica IDs naming distinct GPUs, kubelet's must-include IDs first, then one
+    replica of each further GPU in GPU UUID order (a container given two replicas of one GPU
+    would run on one GPU while asking for two, and accounting refuses such an allocation).
+    `SelectionError` when the offered IDs do not name enough distinct GPUs."""
+    selection = list(dict.fromkeys(required))
+    gpus = {physical_id(r, known) for r in selection}
+    if len(gpus) < len(selection):
+        raise SelectionError(f"kubelet's must-include replicas name a GPU twice: {selection}")
+    by_gpu: dict[str, str] = {}
+    for replica in sorted(available):
+        uuid = physical_id(replica, known)
+        if uuid not in gpus:
+            by_gpu.setdefault(uuid, replica)
+    for uuid in sorted(by_gpu):
+        if len(selection) >= size:
+            break
+        selection.append(by_gpu[uuid])
+    if len(selection) != size:
+        offered = len(gpus | set(by_gpu))
+        raise SelectionError(
+            f"kubelet offered replicas of {offered} GPU(s) for a container asking for {size} "
+            "distinct GPUs"
+        )
+    return selection

@@ -112,9 +112,14 @@ async def test_allocate_is_answered_when_consume_gets_no_answer(
             assert record["podUID"] == "uid-1" and record["containerIndex"] == 0
             assert record["devices"] == ["GPU-b"]
             assert record["containerDevices"] == "GPU-b,NVIDIA,20000,30:"
-            # Until accounting records it, the entry is not offered to kubelet again.
+            # Until accounting records it, the entry is not offered to kubelet again: the
+            # answer is no reservation's, only distinct GPUs among those offered.
+            pending_asked = len(node.fake.requests["pending"])
             _, again, _ = await node.preferred()
-            assert again == []
+            assert again == ["GPU-b-0"]
+            assert len(node.fake.requests["pending"]) == pending_asked + 1
+            preferences = "numafit_deviceplugin_preferences_total"
+            assert metric(node, preferences, source="reservation") == 1  # the first call's
 
             answer_consumes(node.fake)
             await wait_for(lambda: journal_entries(node) == 0, within=10)

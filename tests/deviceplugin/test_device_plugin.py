@@ -117,17 +117,27 @@ def crowded_pods(mode: str) -> list[dict[str, Any]]:
     ]
 
 
-async def test_refusal_falls_back_in_best_effort(nats_url: str, tmp_path: Path) -> None:
+async def test_a_refused_best_effort_refit_never_falls_back_onto_a_full_gpu(
+    nats_url: str, tmp_path: Path
+) -> None:
+    # Before: kubelet's own choice ran, GPU-b (40000 MiB) held 55000 MiB. Best-effort gives up
+    # NUMA alignment, not the memory the container asked for.
     async with node_stack(nats_url, tmp_path, crowded_pods("best-effort")) as stack:
         big = await stack.uid("big")
         await stack.kubelet.admit_container(big, "c", gpu_count=1, exclusive_cpus=2)
         late = await stack.uid("late")
-        admission = await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
-        # kubelet's own choice runs; accounting follows it; the container is a fallback one.
-        assert admission.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
-        assert refits(stack, "best-effort", "fallback") == 1
-        assert fallback_containers(stack) == 1
-        assert (await pod_annotations(stack, "late"))[keys.ALLOCATED] == "GPU-b,NVIDIA,20000,30:;"
+        with pytest.raises(UnexpectedAdmissionError) as caught:
+            await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
+        assert (
+            "numa-alignment best-effort: no GPU kubelet offers satisfies the pod: "
+            "1/1 CardInsufficientMemory" in caught.value.message
+        )
+        assert refits(stack, "best-effort", "fallback_refused") == 1
+        assert fallback_containers(stack) == 0
+        after = await pod_annotations(stack, "late")
+        assert after[keys.BIND_PHASE] == "failed"
+        assert after[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"  # nothing moved or consumed
+        assert stack.plugin.allocator.outcomes[(late, 0)] == "refused:no_fit"
 
 
 async def test_refusal_fails_a_strict_pod(nats_url: str, tmp_path: Path) -> None:
@@ -323,15 +333,14 @@ async def test_pod_whose_annotations_do_not_decode_is_never_handed_devices(
 async def test_per_pod_state_is_dropped_once_accounting_forgets_the_pod(
     nats_url: str, tmp_path: Path
 ) -> None:
-    async with node_stack(nats_url, tmp_path, crowded_pods("best-effort")) as stack:
-        await stack.kubelet.admit_container(
-            await stack.uid("big"), "c", gpu_count=1, exclusive_cpus=2
-        )
+    # No refit service: the best-effort pod falls back onto GPU-b, which has room for it.
+    pods = [gpu_pod("late", "GPU-a,NVIDIA,20000,30:;")]
+    async with node_stack(nats_url, tmp_path, pods, with_refit=False) as stack:
         late = await stack.uid("late")
         await stack.kubelet.admit_container(late, "main", gpu_count=1, exclusive_cpus=2)
         allocator = stack.plugin.allocator
         assert (late, 0) in allocator.outcomes and allocator.fallback_containers
         assert fallback_containers(stack) == 1
-        allocator.forget_pods(alive={await stack.uid("big")})
+        allocator.forget_pods(alive=set())
         assert (late, 0) not in allocator.outcomes and not allocator.fallback_containers
         assert fallback_containers(stack) == 0

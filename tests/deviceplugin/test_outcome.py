@@ -7,7 +7,7 @@ import pytest
 from shared.core.pods import Alignment
 from shared.messages import RefitReply
 from svc_deviceplugin.metrics import REFIT_RESULTS
-from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, mode_label
+from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, judged, mode_label
 
 BE, STRICT = Alignment.BEST_EFFORT, Alignment.STRICT
 MOVED = RefitReply(succeeded=True, code="moved", container_devices="GPU-a,NVIDIA,1,1:")
@@ -62,7 +62,40 @@ def test_decide(
 
 
 def test_every_outcome_is_in_the_table() -> None:
-    assert {row[-1] for row in TABLE} == set(Outcome) == set(EFFECTS)
+    # FALLBACK_REFUSED is not decided from the refit: the fallback rule's judgement of
+    # kubelet's GPUs turns an outcome into it (`judged`).
+    decided = {row[-1] for row in TABLE}
+    assert decided | {Outcome.FALLBACK_REFUSED} == set(Outcome) == set(EFFECTS)
+
+
+# outcome, mode, kubelet's GPUs satisfy the pod -> outcome
+JUDGED = [
+    (Outcome.FALLBACK, BE, True, Outcome.FALLBACK),
+    (Outcome.FALLBACK, BE, False, Outcome.FALLBACK_REFUSED),
+    (Outcome.REFUSED, BE, False, Outcome.FALLBACK_REFUSED),
+    (Outcome.TIMEOUT, BE, False, Outcome.FALLBACK_REFUSED),
+    # Refits off (or MIG): an opted-in pod keeps its constraints all the same.
+    (Outcome.NOT_OPTED_IN, BE, False, Outcome.FALLBACK_REFUSED),
+    (Outcome.NOT_OPTED_IN, STRICT, False, Outcome.FALLBACK_REFUSED),
+    # A pod that did not opt in keeps HAMi's behaviour: kubelet's choice runs.
+    (Outcome.NOT_OPTED_IN, None, False, Outcome.NOT_OPTED_IN),
+    # Nothing left to kubelet: nothing to judge.
+    (Outcome.MOVED, BE, False, Outcome.MOVED),
+    (Outcome.STRICT_FAILED, STRICT, False, Outcome.STRICT_FAILED),
+]
+
+
+@pytest.mark.parametrize(("outcome", "mode", "satisfied", "expected"), JUDGED)
+def test_judged(
+    outcome: Outcome, mode: Alignment | None, satisfied: bool, expected: Outcome
+) -> None:
+    assert judged(outcome, mode, satisfied) is expected
+    refused = EFFECTS[Outcome.FALLBACK_REFUSED]
+    assert refused.then is Then.FAIL and refused.record.format(prior="refused:no_fit") == (
+        "refused:no_fit"
+    )
+    assert refused.result in REFIT_RESULTS[mode_label(Outcome.FALLBACK_REFUSED, STRICT)]
+    assert refused.result in REFIT_RESULTS[mode_label(Outcome.FALLBACK_REFUSED, BE)]
 
 
 # outcome, mode -> (mode label, result label, recorded outcome, what kubelet gets)
@@ -109,5 +142,6 @@ def test_every_label_pair_is_a_series_created_at_zero() -> None:
 def test_failures_say_why() -> None:
     for outcome, effect in EFFECTS.items():
         assert (effect.then is Then.FAIL) == bool(effect.refusal), outcome
-        assert effect.refusal.format(detail="X").endswith(": X") or not effect.refusal
+        text = effect.refusal.format(detail="X", mode="best-effort")
+        assert text.endswith(": X") or not effect.refusal
         assert effect.message is not None or outcome is Outcome.NO_MISMATCH

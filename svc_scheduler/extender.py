@@ -89,6 +89,7 @@ from svc_scheduler.extender_wire import (
     host_priority_list,
 )
 from svc_scheduler.metrics import SchedulerMetrics
+from svc_scheduler.node_watch import NodeKubelets
 from svc_scheduler.topology import TopologyState
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ class Extender:
         supervisor: Supervisor | None = None,
         topology: TopologyState | None = None,
         scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,),
+        kubelets: NodeKubelets | None = None,
     ) -> None:
         self.read_model = read_model
         self.accounting = accounting
@@ -157,6 +159,9 @@ class Extender:
         self.topology = topology if topology is not None else TopologyState()
         """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
         service's watch; without one no node has figures and nothing is predicted)."""
+        self.kubelets = kubelets if kubelets is not None else NodeKubelets()
+        """Each Node's kubelet version (fed by the service's node watch): a node whose kubelet
+        would reject the pod itself is left out for it (shared/core/kubelet_version.py)."""
         self.fit_cache = FitCache()
         """Per-node fit outcomes by (node revision, snapshot, pod shape): unchanged nodes are
         not fitted again by the next filter (shared/core/nodes.py)."""
@@ -207,28 +212,36 @@ class Extender:
         except CoreError as exc:
             raise FilterError(f"numafit cannot schedule pod {pod.key}: {exc}") from exc
         policy = parse_node_policy(pod.annotations, self.config)
-        if not args.names:
-            return filter_result(args, []), NO_FIT
+        # Nodes whose kubelet would reject the pod after its GPUs were allocated (init
+        # containers asking for resources no plugin advertises, kubelet before v1.31).
+        rejected = {
+            name: why.filter_reason()
+            for name, why in self.kubelets.rejections(
+                pod, args.names, (self.config.resource_count_name,)
+            ).items()
+        }
+        names = tuple(n for n in args.names if n not in rejected)
+        if not names:
+            return filter_result(args, [], rejected), NO_FIT
         deadline = Deadline.after_ms(self.request_timeout * 1000)
         for attempt in range(1, self.max_attempts + 1):
-            tracked, quota, views = await self._state(pod, args.names, deadline)
+            tracked, quota, views = await self._state(pod, names, deadline)
             probe = None
             if quota is not None and quota.limited(pod.namespace):
                 exclude = total(tracked.usage) if tracked is not None else Usage()
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
-            placement = self._place(
-                args.names, views, tracked, pod, requests, options, policy, probe
-            )
+            placement = self._place(names, views, tracked, pod, requests, options, policy, probe)
+            refused = {**rejected, **placement.refused}
             if placement.chosen is None:
                 log.info(
                     "pod fits no node",
                     extra={
                         "pod": pod.key,
                         "nodes": len(placement.refused),
-                        "refused": dict(list(placement.refused.items())[:8]),
+                        "refused": dict(list(refused.items())[:8]),
                     },
                 )
-                return filter_result(args, [], placement.refused), NO_FIT
+                return filter_result(args, [], refused), NO_FIT
             chosen = placement.chosen
             chosen_view = views[chosen]
             assert chosen_view is not None  # a node with a snapshot has a view
@@ -249,7 +262,7 @@ class Extender:
                         "policy": policy.value,
                     },
                 )
-                return filter_result(args, [chosen], placement.refused), FIT
+                return filter_result(args, [chosen], refused), FIT
             if code not in RETRY_CODES:
                 raise FilterError(
                     f"accounting refused to reserve pod {pod.key} on {chosen}: {code}: "

@@ -2,10 +2,10 @@
 
 Start: subscribe to accounting's usage updates and take the first snapshot (readiness waits
 for it: a filter before it would refuse every node), follow NodeResourceTopology objects (the
-NUMA predictions; not waited for), then listen. Stop (SIGTERM): readiness
-fails, the listener closes, in-flight requests finish within the grace period, then the Events
-they record; the first sync and the snapshot fetches are cancelled. One supervisor owns all of
-it: its requests (counted), the read model's tasks and the Events.
+NUMA predictions) and Nodes (kubelet versions), neither waited for, then listen. Stop
+(SIGTERM): readiness fails, the listener closes, in-flight requests finish within the grace
+period, then the Events they record; the first sync and the snapshot fetches are cancelled.
+One supervisor owns all of it: its requests (counted), the read model's tasks and the Events.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT, Extender
 from svc_scheduler.metrics import SchedulerMetrics
+from svc_scheduler.node_watch import NodeKubelets, NodeWatch
 from svc_scheduler.read_model import ReadModel
 from svc_scheduler.server import SchedulerHttp
 from svc_scheduler.topology import TopologyState
@@ -117,6 +118,9 @@ class SchedulerService:
         self.topology = TopologyWatch(kube, TopologyState(), self.metrics, self.supervisor)
         """NodeResourceTopology, followed for the extender's NUMA predictions (not a readiness
         condition: a node without it is scheduled as without the feature)."""
+        self.nodes = NodeWatch(kube, NodeKubelets(), self.supervisor)
+        """Nodes' kubelet versions, for what kubelet itself would reject (not a readiness
+        condition: a node not seen yet is scheduled as before)."""
         self.extender = Extender(
             self.read_model,
             self.accounting,
@@ -127,6 +131,7 @@ class SchedulerService:
             supervisor=self.supervisor,
             topology=self.topology.state,
             scheduler_names=self.scheduler_names,
+            kubelets=self.nodes.state,
         )
         self.admission = PodAdmission(
             config=self.config,
@@ -153,6 +158,7 @@ class SchedulerService:
         await self.supervisor.start()
         await self.read_model.start()
         self.topology.start()
+        self.nodes.start()
         await self.http.start()
         self.readiness.set(HTTP)
 

@@ -127,6 +127,9 @@ class NodeFit:
     reason: str | None
     rows: tuple[ContainerEntry, ...] = ()
     score: float = 0.0
+    local: bool = True
+    """Every GPU container fits on the NUMA node kubelet is predicted to give it (or nothing
+    was predicted): such nodes are chosen first (`NumaPlan.prefer`)."""
 
     @property
     def ok(self) -> bool:
@@ -149,13 +152,19 @@ def fit_node(
         return NodeFit(numa.refusal)
     first = numa.numa_of if numa is not None else None
     only = numa is not None and numa.only
+    if numa is not None and numa.prefer and first:
+        local = fit_pod(snapshot, requests, kinds, options, quota, numa_first=first, numa_only=True)
+        if local.ok and local.node is not None:
+            return NodeFit(None, local.rows, node_score(local.node))
     fit = fit_pod(snapshot, requests, kinds, options, quota, numa_first=first, numa_only=only)
     if not fit.ok or fit.node is None:
         reason = fit.failure.reason_text if fit.failure is not None else "NodeUnfitPod"
         if numa is not None and only and first and fit.failed_position in first:
             reason = numa.refused_at(fit.failed_position, reason)
         return NodeFit(reason)
-    return NodeFit(None, fit.rows, node_score(fit.node))
+    return NodeFit(
+        None, fit.rows, node_score(fit.node), local=not (numa is not None and numa.prefer and first)
+    )
 
 
 FIT_CACHE_SHAPES = 32
@@ -262,6 +271,8 @@ def place_pod(
     refused: dict[str, str] = {}
     rows: dict[str, tuple[ContainerEntry, ...]] = {}
     scores: dict[str, float] = {}
+    elsewhere: set[str] = set()
+    """Fitting nodes where kubelet's predicted NUMA node cannot hold the pod's GPUs."""
     entries = None
     if cache is not None and stamps is not None and quota is None:
         entries = cache.entries(cache.shape(requests, kinds, options))
@@ -293,10 +304,15 @@ def place_pod(
         else:
             rows[name] = outcome.rows
             scores[name] = outcome.score
+            if not outcome.local:
+                elsewhere.add(name)
     if cache is not None:
         cache.hits += hits
         cache.misses += misses
     ranked = rank_nodes(scores, policy)
+    if elsewhere and len(elsewhere) < len(ranked):
+        # A node where kubelet's NUMA choice holds the GPUs wins whenever there is one.
+        ranked = [n for n in ranked if n not in elsewhere] + [n for n in ranked if n in elsewhere]
     ordered = {name: scores[name] for name in ranked}
     if not ranked:
         return Placement(None, (), refused, ordered)

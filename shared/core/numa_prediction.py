@@ -286,11 +286,15 @@ class NumaPlan:
     `first` pairs each GPU container's position with the NUMA node kubelet will give it: the
     fit tries that node's GPUs before the others. `only`: the pod is placed on this node only if
     every such container fits there (a strict pod under an aligning policy, whose refit could
-    not repair anything else). `refusal`: kubelet would refuse the pod here whatever the GPUs."""
+    not repair anything else). `prefer`: any other pod with a prediction; a node where every
+    such container fits on its predicted NUMA node is chosen over one where they do not,
+    whenever one exists (a best-effort pod's refit, and the fallback after it, then stay rare).
+    `refusal`: kubelet would refuse the pod here whatever the GPUs."""
 
     first: tuple[tuple[int, int], ...] = ()
     only: bool = False
     refusal: str | None = None
+    prefer: bool = False
     names: tuple[tuple[int, str], ...] = ()
     """Container names by position, for the reasons."""
 
@@ -461,4 +465,5 @@ def plan_for(
     first = tuple(
         (p, numa) for p in range(len(demands)) if (numa := prediction.predicted(p)) is not None
     )
-    return NumaPlan(first, only=strict and node.policy.aligning, names=names)
+    only = strict and node.policy.aligning
+    return NumaPlan(first, only=only, names=names, prefer=bool(first) and not only)

@@ -624,6 +624,8 @@ def test_scheduler_extender_wiring(charts: Charts, variant: str) -> None:
         expected |= {("", "pods/binding", "create"), ("", "events", "create")}
         expected |= {("", "events", "patch"), ("", "resourcequotas", "get")}
         expected |= {("", "resourcequotas", "list")}
+        # Nodes: each kubelet's version (what kubelet itself would reject).
+        expected |= {("", "nodes", v) for v in ("get", "list", "watch")}
         # NodeResourceTopology: the NUMA figures the filter predicts kubelet's choice from.
         topology = ("topology.node.k8s.io", "noderesourcetopologies")
         expected |= {(*topology, v) for v in ("get", "list", "watch")}

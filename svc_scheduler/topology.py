@@ -216,9 +216,10 @@ class TopologyState:
         if not self._nodes:
             return {}
         try:
-            strict = parse_alignment(pod.annotations.get(keys.NUMA_ALIGNMENT)) is Alignment.STRICT
+            mode = parse_alignment(pod.annotations.get(keys.NUMA_ALIGNMENT))
         except CoreError:
-            strict = False  # the webhook refuses such a value; here it only means not strict
+            mode = None  # the webhook refuses such a value; here it only means not opted in
+        strict = mode is Alignment.STRICT
         demands = pod_demands(pod, requests)
         predictions: dict[str, NodePrediction] = {}
         for name, snapshot in snapshots.items():
@@ -234,7 +235,7 @@ class TopologyState:
             )
             prediction = predict_pod(node, demands)
             predictions[name] = NodePrediction(
-                plan_for(node, demands, prediction, strict), prediction
+                plan_for(node, demands, prediction, strict, opted_in=mode is not None), prediction
             )
         return predictions
 

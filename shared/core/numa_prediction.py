@@ -442,12 +442,21 @@ def _predict_pod_scope(node: NodeNuma, demands: Sequence[ContainerDemand]) -> Po
 
 
 def plan_for(
-    node: NodeNuma, demands: Sequence[ContainerDemand], prediction: PodPrediction, strict: bool
+    node: NodeNuma,
+    demands: Sequence[ContainerDemand],
+    prediction: PodPrediction,
+    strict: bool,
+    *,
+    opted_in: bool = False,
 ) -> NumaPlan:
     """The fit's plan from a prediction. A pod kubelet would refuse under an aligning policy
     is refused here (it would fail admission whatever the GPUs); under the other policies it
     is left to kubelet, as without a prediction. `strict`: the pod opted in to strict
-    alignment, so a node where its GPUs cannot follow kubelet's choice is refused."""
+    alignment, so a node where its GPUs cannot follow kubelet's choice is refused. `opted_in`:
+    the pod opted in at all (`hami.io/numa-alignment`): under an aligning policy a best-effort
+    pod is refused there too, since kubelet offers only that NUMA node's GPUs and its fallback
+    never over-commits one (shared/core/fallback.py): it could only fail admission. Any other
+    pod with a prediction prefers nodes where its GPUs can follow kubelet's choice."""
     names = tuple((p, d.name) for p, d in enumerate(demands))
     if prediction.refused is not None:
         if not node.policy.aligning:
@@ -465,5 +474,5 @@ def plan_for(
     first = tuple(
         (p, numa) for p in range(len(demands)) if (numa := prediction.predicted(p)) is not None
     )
-    only = strict and node.policy.aligning
+    only = (strict or opted_in) and node.policy.aligning
     return NumaPlan(first, only=only, names=names, prefer=bool(first) and not only)

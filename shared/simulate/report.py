@@ -77,11 +77,12 @@ def _nrt_label(scenario: Scenario) -> str:
 
 def refit_counts(report: dict[str, Any]) -> dict[str, Any]:
     """One run's refits, over every pod it created (the deleted ones too): containers that ran
-    on GPUs, needed a refit (any outcome but `none`), had it moved, refused, failed strict,
-    run misaligned; and the scheduler's NUMA predictions."""
+    on GPUs, needed a refit (any outcome but `none`, and `reused`: kubelet's reuse of an init
+    container's GPUs is no NUMA refit), had it moved, refused, failed strict, run misaligned;
+    and the scheduler's NUMA predictions."""
     pods = [*report["_table"]["deleted"], *report["pods"]]
     containers = [c for p in pods for c in p["containers"]]
-    refits = [c["refit"] for c in containers if c["refit"] != "none"]
+    refits = [c["refit"] for c in containers if c["refit"] not in ("none", "reused")]
     metrics = report["metrics"]
     return {
         "ranOnGpus": sum(1 for c in containers if c["gpus"]),
@@ -254,11 +255,25 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
         for c in pod["containers"]:
             before = reserved.get(c["name"]) or []
             if c["refit"] == "moved":
+                pinned = (
+                    f"pinned its CPUs to NUMA {c['cpuNuma']} and offered only that node's GPUs"
+                    if c["cpuNuma"] is not None
+                    else "pinned no CPUs (not a Guaranteed pod) and offered only NUMA "
+                    f"{_numa_text(c)}'s GPUs"
+                )
                 notes.append(
                     f"  {key} {c['name']}: the scheduler reserved {','.join(before)}; kubelet "
-                    f"pinned its CPUs to NUMA {c['cpuNuma']} and offered only that node's GPUs, "
-                    "so the refit "
-                    f"moved the reservation to {','.join(c['ledgerGpus'])}"
+                    f"{pinned}, so the refit moved the reservation to {','.join(c['ledgerGpus'])}"
+                )
+            elif c["refit"] == "reused" and c["gpus"]:
+                moved = (
+                    f"; the reservation followed from {','.join(before)}"
+                    if before and set(before) != set(c["gpus"])
+                    else ""
+                )
+                notes.append(
+                    f"  {key} {c['name']}: kubelet gave it its init container's "
+                    f"{','.join(c['gpus'])} without asking the plugin (device reuse){moved}"
                 )
             elif _fell_back(c["refit"]) and c["gpus"]:
                 numa = f"GPU NUMA {','.join(str(n) for n in c['gpuNuma'])}, CPU NUMA {c['cpuNuma']}"
@@ -311,6 +326,12 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
                 )
             )
     _print_rows(usage_rows, out)
+
+
+def _numa_text(container: dict[str, Any]) -> str:
+    """The NUMA node(s) of the GPUs a container runs on, as the story names them."""
+    nodes = sorted(set(container["gpuNuma"]))
+    return ",".join(str(n) for n in nodes) or "-"
 
 
 def _fell_back(refit: str) -> bool:

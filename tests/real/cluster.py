@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 GROUP_LABEL = "numafit.io/test-group"
 REGISTER = "hami.io/node-nvidia-register"
-TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
 BIND_PHASE = "hami.io/bind-phase"
 SCHEDULE_WITHIN = 60.0
 """Seconds a pod gets to be bound: kube-scheduler's backoff after a refusal reaches 10 s."""
@@ -258,11 +258,14 @@ def events_of(plane: ControlPlane, namespace: str, name: str) -> list[dict[str, 
     return events
 
 
-def reserved_gpus(pod_object: Mapping[str, Any]) -> list[tuple[str, int, int]]:
-    """(uuid, MiB, cores) of every device in the pod's to-allocate annotation, HAMi's encoding
+def reserved_gpus(
+    pod_object: Mapping[str, Any], key: str = "hami.io/vgpu-devices-to-allocate"
+) -> list[tuple[str, int, int]]:
+    """(uuid, MiB, cores) of every device in the pod's to-allocate annotation (or `key`: the
+    allocated one holds what was consumed, to-allocate what is left to), HAMi's encoding
     `UUID,Type,MiB,cores:` per device, `;` between containers (parsed here, by hand, so that
     the test does not read numafit's answer with numafit's own codec)."""
-    value = pod_object["metadata"].get("annotations", {}).get(TO_ALLOCATE, "")
+    value = pod_object["metadata"].get("annotations", {}).get(key, "")
     devices = []
     for container in value.split(";"):
         for device in container.split(":"):

@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup test lint typecheck imports unit demo clean
+.PHONY: setup test lint typecheck imports unit demo clean test-real
 
 setup: $(STAMP)
 
@@ -29,6 +29,15 @@ unit: setup
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck imports unit
+
+# The real tier alone (tests/real): upstream etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubelet from the folder KUBEBUILDER_ASSETS names (envtest's convention),
+# by default .cache/k8s where `../shared/k8s/install .cache/k8s` unpacked them. Without them
+# every real test is skipped with one line. `make test` runs the tier only when
+# KUBEBUILDER_ASSETS is exported.
+REAL_ASSETS := $(or $(KUBEBUILDER_ASSETS),$(if $(wildcard .cache/k8s/kube-apiserver),$(CURDIR)/.cache/k8s))
+test-real: setup
+	KUBEBUILDER_ASSETS=$(REAL_ASSETS) $(VENV)/bin/pytest -q -m real tests/real
 
 demo: setup
 	$(VENV)/bin/numafit demo

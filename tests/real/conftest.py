@@ -46,3 +46,10 @@ def numafit(control_plane: ControlPlane) -> Iterator[NumafitStack]:
         yield stack
     finally:
         stack.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """`make test-real` without the binaries: every module skipped itself at collection, so
+    pytest found no test to run (exit 5). That is the tier's documented skip, not a failure."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and isinstance(Assets.find(), str):
+        session.exitstatus = pytest.ExitCode.OK

@@ -13,6 +13,7 @@ everything on 127.0.0.1 and no read-only port.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import urllib.request
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 SINGLE_NUMA_NODE = "single-numa-node"
 BEST_EFFORT = "best-effort"
 START_WITHIN = 90.0
+RESERVED_CPUS = (0,)
+"""kubelet's reservedSystemCPUs: cpu0 (NUMA 0) is the system's, cpu1 (NUMA 1) the only
+exclusive CPU."""
 
 
 class KubeletError(RuntimeError):
@@ -53,7 +57,10 @@ def kubelet_configuration(
         "cgroupDriver": "cgroupfs",
         "failSwapOn": False,
         "cpuManagerPolicy": "static",
-        "reservedSystemCPUs": "0",
+        # How often the CPU manager drops the assignments of pods that are gone (10 s by
+        # default); after a restart that is what frees a deleted pod's exclusive CPU.
+        "cpuManagerReconcilePeriod": "2s",
+        "reservedSystemCPUs": ",".join(str(cpu) for cpu in RESERVED_CPUS),
         "topologyManagerPolicy": policy,
         "topologyManagerScope": "container",
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
@@ -174,6 +181,15 @@ class Kubelet:
         """Stop and start again (with `policy`, or the same one); pods keep running."""
         self.stop()
         self.start(policy or self.policy or SINGLE_NUMA_NODE)
+
+    def cpu_assignments(self) -> dict[str, dict[str, str]]:
+        """The CPU manager's checkpoint: pod UID -> container -> its exclusive CPUs."""
+        try:
+            state = json.loads((host.KUBELET_ROOT / "cpu_manager_state").read_text())
+        except (OSError, ValueError):
+            return {}
+        entries: dict[str, dict[str, str]] = state.get("entries") or {}
+        return entries
 
     def log(self) -> str:
         return "" if self.child is None else self.child.tail(200)

@@ -88,7 +88,20 @@ class RealNode:
             self.assert_idle()
             self.kubelet.restart(policy)
             self.wait_node_ready()
+            self.wait_cpus_released()
         return self
+
+    def wait_cpus_released(self) -> None:
+        """Until kubelet's CPU manager holds no pod's CPUs. A restarted kubelet keeps the
+        assignments of pods deleted just before (its checkpoint) until its reconcile loop,
+        once its pod sources are ready, drops them: an admission before that finds no free
+        exclusive CPU (`not enough cpus available to satisfy request`)."""
+        poll(
+            lambda: not self.kubelet.cpu_assignments(),
+            within=SETTLE_WITHIN,
+            what="kubelet's CPU manager released every CPU",
+            last=self.kubelet.cpu_assignments,
+        )
 
     def wait_node_ready(self) -> None:
         """Ready, untainted, every GPU replica allocatable, and the inventory in accounting."""

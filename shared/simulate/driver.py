@@ -53,6 +53,8 @@ class Observed:
     """The plugin's GetPreferredAllocation answer was taken."""
     alignment: Alignment | None
     error: AdmissionError | None = None
+    reused: bool = False
+    """kubelet gave it replicas of the pod's init container (its device reuse), unasked."""
 
 
 def observed_refit(seen: Observed) -> str:
@@ -60,16 +62,19 @@ def observed_refit(seen: Observed) -> str:
     is in another process): the plugin picked other GPUs than reserved -> `moved`; it left the
     choice to kubelet after a mismatch of an opted-in pod -> `fallback` (refused, unanswered
     or timed out: the refit service's log says which); a strict pod refused by the plugin ->
-    `strict_failed`; otherwise `none`."""
+    `strict_failed`; kubelet handed it its init container's replicas -> `reused`; otherwise
+    `none` (a pod that did not opt in is never refitted, whatever the plugin preferred)."""
     if seen.error is not None:
         strict = seen.alignment is Alignment.STRICT
         plugin_refused = isinstance(seen.error, UnexpectedAdmissionError)
         return "strict_failed" if strict and plugin_refused and seen.reserved else "none"
-    if set(seen.gpus) == set(seen.reserved):
+    if seen.reused:
+        return "reused"
+    if set(seen.gpus) == set(seen.reserved) or seen.alignment is None:
         return "none"
     if seen.honoured:
         return "moved"
-    return "fallback" if seen.alignment is not None else "none"
+    return "fallback"
 
 
 class NodeHandle(Protocol):
@@ -299,6 +304,7 @@ class Driver:
                 tuple(entry.gpus),
                 admission.preferred_honoured,
                 alignment,
+                reused=bool(admission.reused),
             )
             entry.refit = sim.refit_outcome(report.uid, index, seen)
         if result.error is not None:

@@ -121,28 +121,34 @@ async def test_strict_refused_fails_the_pod_and_reserves_nothing() -> None:
     )
 
 
-async def test_best_effort_fallback_runs_is_counted_and_its_overcommit_shown() -> None:
+async def test_a_best_effort_fallback_that_would_over_commit_fails_the_pod_instead() -> None:
     report = await run(EXAMPLES / "best-effort-fallback.yaml")
     easygoing = pod(report, "easygoing")
     container = easygoing["containers"][0]
-    assert easygoing["phase"] == "Running"
+    assert easygoing["phase"] == "Failed" and easygoing["reason"] == "UnexpectedAdmissionError"
     assert container["refit"] == "refused:no_fit"
-    assert container["gpus"] == container["ledgerGpus"] == ["GPU-a"]  # accounting follows what runs
-    assert container["aligned"] is True  # kubelet's choice is NUMA-local: the harm is elsewhere
-    assert metric(report, "numafit_deviceplugin_fallback_containers") == 1
-    assert metric(report, "numafit_deviceplugin_misaligned_containers") == 1  # deprecated alias
-    assert report["devices"]["node-1"]["GPU-a"]["usedmem"] == 50000  # overcommitted, truthfully
-    # 30000 (resident) + 20000 (easygoing) on a 40960 MiB GPU: 9040 MiB over; GPU-b fits.
+    assert container["gpus"] == container["ledgerGpus"] == []
+    assert metric(report, "numafit_deviceplugin_fallback_containers") == 0
+    assert (
+        metric(
+            report,
+            'numafit_deviceplugin_refits_total{mode="best-effort",result="fallback_refused"}',
+        )
+        == 1
+    )
+    # Before: 30000 (resident) + 20000 (easygoing) on GPU-a's 40960 MiB. Now only resident's.
+    assert report["devices"]["node-1"]["GPU-a"]["usedmem"] == 30000
     over = "numafit_accounting_device_memory_overcommitted_mib"
-    assert metric(report, f'{over}{{node="node-1",uuid="GPU-a"}}') == 9040
-    assert metric(report, f'{over}{{node="node-1",uuid="GPU-b"}}') == 0
+    assert metric(report, f'{over}{{node="node-1",uuid="GPU-a"}}') == 0
 
 
 async def test_init_plus_app_refitted_with_phase_aware_capacity() -> None:
     report = await run(EXAMPLES / "init-and-sidecar.yaml")
     etl = pod(report, "etl")
     assert etl["phase"] == "Running"
-    assert [c["refit"] for c in etl["containers"]] == ["moved", "moved"]
+    # load is given extract's replica by kubelet (device reuse, no GetPreferredAllocation): its
+    # reservation follows it there without a refit of its own.
+    assert [c["refit"] for c in etl["containers"]] == ["moved", "reused"]
     assert all(c["ledgerGpus"] == ["GPU-a"] and c["aligned"] for c in etl["containers"])
     # 30000 (init) + 20000 (app) would not fit 40960 together; max() does. After the init
     # exited 0 only the app's 20000 counts, plus the web pod's sidecar 5000 and app 10000.
@@ -228,28 +234,28 @@ def test_demo_shows_the_story() -> None:
     assert "POD" in out and "REFIT" in out and "GPU usage" in out
     assert "so the refit moved the reservation" in out
     assert "strict_failed" in out and "refused:no_fit" in out and "AdmissionDenied" in out
-    # ml/bigmodel's fallback runs aligned; the harm said is GPU-0's over-commit.
-    assert "accounting followed it: aligned, but GPU-0 is over-committed by a best-effort" in out
-    assert "over-committed by a best-effort fallback (ml/bigmodel infer)" in out
+    # ml/bigmodel's fallback would over-commit GPU-0: it fails admission with the reason, and
+    # with NodeResourceTopology it stays Pending instead.
+    assert "numa-alignment best-effort: no GPU kubelet offers satisfies the pod: 4/4" in out
+    assert "over-committed" not in out
+    assert "ml/bigmodel: Pending (Unschedulable)" in out
+    assert "device reuse" in out  # ml/pipeline fit, on prepare's GPU
     assert "misaligned" not in out
 
 
-async def test_the_table_says_a_fallback_runs_aligned_on_an_overcommitted_gpu() -> None:
+async def test_the_table_says_why_the_fallback_was_refused() -> None:
     report = await simulate(load_scenario(EXAMPLES / "best-effort-fallback.yaml"))
     out = io.StringIO()
     render_table(report, out)
     lines = out.getvalue().splitlines()
-    # 30000 (resident) + 20000 (easygoing) MiB on GPU-a's 40960.
-    assert (
-        "  demo/easygoing app: refit refused:no_fit; best-effort kept kubelet's choice GPU-a and "
-        "accounting followed it: aligned, but GPU-a is over-committed by a best-effort fallback "
-        "(50000/40960 MiB)"
-    ) in lines
+    assert "  demo/easygoing app: refit refused:no_fit; the pod failed admission" in lines
+    assert any(
+        line.startswith("  demo/easygoing: Failed (UnexpectedAdmissionError)")
+        and "no GPU kubelet offers satisfies the pod: 1/1 CardInsufficientMemory" in line
+        for line in lines
+    )
     (gpu_a,) = [line for line in lines if line.startswith("node-1  GPU-a")]
-    assert "50000/40960" in gpu_a
-    assert gpu_a.endswith("over-committed by a best-effort fallback (demo/easygoing app)")
-    (gpu_b,) = [line for line in lines if line.startswith("node-1  GPU-b")]
-    assert "over-committed" not in gpu_b
+    assert "30000/40960" in gpu_a and "over-committed" not in gpu_a
 
 
 async def test_the_ledger_always_equals_a_rebuild_from_the_annotations() -> None:

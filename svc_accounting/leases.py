@@ -544,8 +544,16 @@ class Leases:
                 lease = self.held.pop(k, None)
                 if lease is None:
                     continue
-                self.owners.pop(k, None)
+                if delete:
+                    self.owners.pop(k, None)
+                # A lost key stays someone's (as last read) until a read shows it free: this
+                # replica, wanting it back, must not keep requests for a partition another
+                # replica serves (it would act on them a second time once it takes it).
                 self._changed(k, change, lease.epoch)
+                # No longer refused here from the moment the key may be free: the next owner
+                # keeps what arrives once it sees the key gone, and two answers to one request
+                # would be the result of refusing it here as well.
+                self.releasing.discard(k)
                 if delete and kv is not None:
                     with contextlib.suppress(Exception):
                         await self._timed(kv.delete(self._partition_key(k), last=lease.revision))

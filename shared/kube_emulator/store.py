@@ -18,9 +18,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .objects import JSONDict, copy_json, metadata
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
@@ -82,6 +85,9 @@ class Store:
         self._history_limit = history_limit
         self._compacted_through = 0  # the newest revision no longer in the change log
         self._watchers: set[Watcher] = set()
+        self.on_commit: list[Callable[[Change], None]] = []
+        """Called with every change as it is committed, synchronously (tests time commits
+        exactly: when a write landed, not when a watcher read it)."""
         self._closed = False
 
     @property
@@ -231,6 +237,8 @@ class Store:
         if len(self._history) >= self._history_limit:
             self._compacted_through = self._history.popleft().revision
         self._history.append(change)
+        for hook in self.on_commit:
+            hook(change)
         for watcher in self._watchers:
             watcher.offer(change)
 

@@ -34,7 +34,7 @@ def physical(replica: str) -> str:
     return replica.rsplit("-", 1)[0]
 
 
-async def annotations(stack: Stack, name: str) -> dict[str, str]:
+async def pod_annotations(stack: Stack, name: str) -> dict[str, str]:
     result: dict[str, str] = (await stack.h.pod("ml", name))["metadata"]["annotations"]
     return result
 
@@ -106,7 +106,7 @@ async def test_a_two_gpu_pod_not_opted_in_is_preferred_two_distinct_gpus(
             assert len({physical(r) for r in answer}) == 2
             envs = await allocate(stub, answer)
         assert sorted(envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == ["GPU-b", "GPU-c"]
-        after = await annotations(stack, "pair")
+        after = await pod_annotations(stack, "pair")
         assert sorted(after[keys.ALLOCATED].rstrip(":;").split(":")) == [
             "GPU-b,NVIDIA,10000,25",
             "GPU-c,NVIDIA,10000,25",
@@ -140,7 +140,7 @@ async def test_a_best_effort_pod_pinned_to_a_gpu_kubelet_does_not_offer_is_refus
         assert "no GPU kubelet offers satisfies the pod: 1/1 CardUuidMismatch" in (
             caught.value.message
         )
-        after = await annotations(stack, "pinned")
+        after = await pod_annotations(stack, "pinned")
         assert after[keys.BIND_PHASE] == "failed"
         assert after[keys.ALLOCATED] == "GPU-a,NVIDIA,20000,30:;"
 
@@ -176,8 +176,8 @@ async def test_an_unanswered_refit_falls_back_only_onto_a_gpu_with_room(
             answer = await prefer(stub, replicas("GPU-b", "GPU-c"), 1)
             assert [physical(r) for r in answer] == ["GPU-c"]
             await allocate(stub, answer)
-        assert (await annotations(stack, "late"))[keys.ALLOCATED] == "GPU-c,NVIDIA,20000,30:;"
-        assert (await annotations(stack, "big"))[keys.ALLOCATED] == "GPU-b,NVIDIA,35000,0:;"
+        assert (await pod_annotations(stack, "late"))[keys.ALLOCATED] == "GPU-c,NVIDIA,20000,30:;"
+        assert (await pod_annotations(stack, "big"))[keys.ALLOCATED] == "GPU-b,NVIDIA,35000,0:;"
         registry = stack.plugin.metrics.registry
         assert sample(registry, REFITS, mode="best-effort", result="fallback") == 1
         assert sample(registry, "numafit_deviceplugin_preferences_total", source="fallback") == 1
@@ -196,7 +196,7 @@ async def test_an_unanswered_refit_with_no_gpu_that_has_room_is_refused(
         assert "no GPU kubelet offers satisfies the pod: 1/1 CardInsufficientMemory" in str(
             caught.value.details()
         )
-        assert (await annotations(stack, "late"))[keys.BIND_PHASE] == "failed"
+        assert (await pod_annotations(stack, "late"))[keys.BIND_PHASE] == "failed"
 
 
 # --- an app container given its init container's replicas ---------------------------------------
@@ -225,7 +225,7 @@ async def test_an_app_container_handed_its_init_containers_replica_is_no_drift(
             envs = await allocate(stub, [replica])  # main, on prep's replica
         assert envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
         assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"  # main's own amounts
-        after = await annotations(stack, "train")
+        after = await pod_annotations(stack, "train")
         # The ledger records what runs, phase-aware: both on GPU-b, each with its amounts.
         assert after[keys.ALLOCATED] == "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;"
         assert after[keys.TO_ALLOCATE] == ";;" and after[keys.BIND_PHASE] == "success"
@@ -250,6 +250,6 @@ async def test_the_emulated_kubelet_reuses_the_init_containers_replica(
         prep, main = result.admitted
         assert main.reused == prep.device_ids and not main.asked
         assert drift(stack) == 0
-        after = await annotations(stack, "train")
+        after = await pod_annotations(stack, "train")
         assert after[keys.ALLOCATED] == "GPU-b,NVIDIA,30000,60:;GPU-b,NVIDIA,20000,30:;"
         assert stack.plugin.allocator.outcomes[(uid, 1)] == "reused"

@@ -334,16 +334,20 @@ class RealNode:
                 *status.get("initContainerStatuses", []),
                 *status.get("containerStatuses", []),
             ],
-            events=[
-                (e.get("type", ""), e.get("reason", ""), e.get("message", ""))
-                for e in self.api.events(case.namespace, uid)
-            ],
+            events=self.events(case.namespace, uid),
             containers=containers,
             reserved_memory=self.reserved_memory(),
             refits=observe.refit_results(after) - observe.refit_results(before),
             allocations=observe.allocations_ok(after) - observe.allocations_ok(before),
             ledger_released=None if held is None else bool(held["released"]),
         )
+
+    def events(self, namespace: str, uid: str) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of every event about pod `uid`."""
+        return [
+            (e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+            for e in self.api.events(namespace, uid)
+        ]
 
     def delete(self, namespace: str, name: str, uid: str) -> None:
         """Delete the pod and wait until kubelet, the API server and accounting let it go."""

@@ -1,5 +1,6 @@
 """The NUMA refit on a real kubelet (v1.28.7, static CPU manager, Topology Manager
-`single-numa-node` at container scope) driving numafit's device plugin.
+`single-numa-node` at container scope unless a case says `best-effort`) driving numafit's
+device plugin. The `run` fixture puts kubelet on each case's policy.
 
 The node (tests/real/kubelet/deviceplugin.py): GPU-0..3 on NUMA 0 with 81920 MiB, GPU-4..7 on
 NUMA 1 with 40960 MiB; kubelet's only exclusive CPU is cpu1, on NUMA 1. A Guaranteed one-CPU
@@ -57,9 +58,10 @@ def agrees(container: ContainerSeen) -> None:
     assert container.ledger == container.allocated, (container.ledger, container.allocated)
 
 
-@pytest.mark.usefixtures("single_numa_node")
 @pytest.mark.parametrize(
-    "case", [cases.BEST_EFFORT_REFIT, cases.STRICT_REFIT], ids=lambda c: c.name
+    "case",
+    [cases.BEST_EFFORT_REFIT, cases.STRICT_REFIT, cases.BEST_EFFORT_POLICY_REFIT],
+    ids=lambda c: c.name,
 )
 def test_refit_moves_the_reservation_to_kubelets_numa_node(
     run: Callable[[Case], PodSeen], case: Case
@@ -79,7 +81,6 @@ def test_refit_moves_the_reservation_to_kubelets_numa_node(
     assert seen.reserved_memory == usage(GPU_7=20000)
 
 
-@pytest.mark.usefixtures("single_numa_node")
 def test_strict_that_cannot_be_aligned_is_refused_with_the_reason(
     run: Callable[[Case], PodSeen],
 ) -> None:
@@ -154,7 +155,6 @@ def test_best_effort_refit_unanswered_runs_kubelets_pick_and_records_it(
         single_numa_node.delete(case.namespace, case.name, seen.uid)
 
 
-@pytest.mark.usefixtures("single_numa_node")
 def test_pod_not_opted_in_runs_kubelets_pick_and_accounting_follows(
     run: Callable[[Case], PodSeen],
 ) -> None:
@@ -173,7 +173,6 @@ def test_pod_not_opted_in_runs_kubelets_pick_and_accounting_follows(
     assert seen.reserved_memory == usage(**{gpu.replace("-", "_"): 20000})
 
 
-@pytest.mark.usefixtures("single_numa_node")
 def test_two_gpus_not_opted_in_run_on_two_distinct_gpus(run: Callable[[Case], PodSeen]) -> None:
     """Reserved on GPU-3 and GPU-2, offered NUMA 1's 40 replicas: kubelet must be led to two
     replicas of distinct GPUs (issue 21 item 3), never two of one GPU, which consume refuses
@@ -189,7 +188,6 @@ def test_two_gpus_not_opted_in_run_on_two_distinct_gpus(run: Callable[[Case], Po
     assert seen.reserved_memory == usage(**{g.replace("-", "_"): 10000 for g in main.gpus})
 
 
-@pytest.mark.usefixtures("single_numa_node")
 def test_burstable_pod_is_not_pinned_and_keeps_its_reservation(
     run: Callable[[Case], PodSeen],
 ) -> None:
@@ -205,7 +203,6 @@ def test_burstable_pod_is_not_pinned_and_keeps_its_reservation(
     assert seen.reserved_memory == usage(GPU_3=20000)
 
 
-@pytest.mark.usefixtures("single_numa_node")
 def test_init_container_devices_are_reused_by_the_app_container(
     run: Callable[[Case], PodSeen],
 ) -> None:

@@ -73,6 +73,8 @@ class Case:
     """Containers whose GPU kubelet chooses itself (no preference from the plugin): its
     choice is arbitrary, so only the NUMA node and the number of distinct GPUs are compared."""
     namespace: str = NAMESPACE
+    annotations: tuple[tuple[str, str], ...] = ()
+    """More pod annotations than the opt-in (e.g. `nvidia.com/use-gpuuuid`)."""
 
     @property
     def init_boxes(self) -> tuple[Box, ...]:
@@ -94,7 +96,9 @@ class Case:
         }
         if self.init_boxes:
             spec["initContainers"] = [b.manifest() for b in self.init_boxes]
-        annotations = {} if self.alignment is None else {"hami.io/numa-alignment": self.alignment}
+        annotations = dict(self.annotations)
+        if self.alignment is not None:
+            annotations["hami.io/numa-alignment"] = self.alignment
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -121,8 +125,17 @@ BEST_EFFORT_NO_FIT = Case(
     "best-effort",
     kubelet_picks=frozenset({"main"}),
 )
-"""The refit finds no NUMA 1 GPU with 50000 MiB: today kubelet's own pick runs (and
-over-commits it); issue 21 item 4 makes the plugin refuse instead. Compared only."""
+"""The refit finds no NUMA 1 GPU with 50000 MiB, and kubelet offers nothing else: a fallback
+onto one of them would over-commit it (issue 21 item 4)."""
+PINNED_ELSEWHERE = Case(
+    "best-effort-pinned-elsewhere",
+    SINGLE_NUMA_NODE,
+    (MAIN,),
+    "best-effort",
+    annotations=(("nvidia.com/use-gpuuuid", "GPU-3"),),
+)
+"""Limited to GPU-3 (NUMA 0) by `nvidia.com/use-gpuuuid` while kubelet offers NUMA 1 only:
+best-effort gives up NUMA alignment, never the pod's own constraints (issue 21 item 4)."""
 NOT_OPTED_IN = Case("not-opted-in", SINGLE_NUMA_NODE, (MAIN,), kubelet_picks=frozenset({"main"}))
 BURSTABLE = Case("burstable", SINGLE_NUMA_NODE, (Box("main", exclusive_cpu=False),), "best-effort")
 INIT_CONTAINERS = Case(
@@ -160,6 +173,7 @@ COMPARED = (
     STRICT_REFIT,
     STRICT_UNALIGNABLE,
     BEST_EFFORT_NO_FIT,
+    PINNED_ELSEWHERE,
     NOT_OPTED_IN,
     BURSTABLE,
     INIT_CONTAINERS,

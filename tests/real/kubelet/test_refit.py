@@ -106,6 +106,34 @@ def test_strict_that_cannot_be_aligned_is_refused_with_the_reason(
     assert (terminated["reason"], terminated["exitCode"]) == ("ContainerStatusUnknown", 137)
 
 
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        (cases.BEST_EFFORT_NO_FIT, "4/4 CardInsufficientMemory"),
+        (cases.PINNED_ELSEWHERE, "4/4 CardUuidMismatch"),
+    ],
+    ids=lambda v: v.name if isinstance(v, cases.Case) else "",
+)
+def test_best_effort_never_falls_back_onto_a_gpu_breaking_the_pods_constraints(
+    run: Callable[[Case], PodSeen], case: Case, why: str
+) -> None:
+    """The refit finds no NUMA 1 GPU for the pod (too little memory; or its use-gpuuuid
+    names GPU-3 only) and kubelet offers no other: best-effort gives up NUMA alignment, not
+    the pod's own constraints, so the plugin refuses instead of letting kubelet pick (which
+    over-committed a GPU, or ran the pod on one it excluded: issue 21 item 4)."""
+    seen = run(case)
+    assert (seen.phase, seen.reason) == ("Failed", "UnexpectedAdmissionError")
+    assert seen.message.startswith("Pod was rejected: "), seen.message
+    refusal = f"numa-alignment best-effort: no GPU kubelet offers satisfies the pod: {why}"
+    assert refusal in seen.message, seen.message
+    assert seen.events_named("NumaRefitFailed") == [f"no allowed device fits: {why}"]
+    (main,) = seen.containers
+    assert (main.gpus, main.cpus, main.replicas) == ((), None, ())
+    assert seen.refits == {"best-effort/fallback_refused": 1}
+    assert seen.allocations == 0
+    assert seen.reserved_memory == IDLE
+
+
 def test_best_effort_refit_unanswered_runs_kubelets_pick_and_records_it(
     single_numa_node: RealNode, numafit: NumafitStack
 ) -> None:

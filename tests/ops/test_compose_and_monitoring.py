@@ -185,6 +185,7 @@ RESULTS = {
     "moved",
     "already_aligned",
     "fallback",
+    "fallback_refused",
     "strict_failed",
     "timeout",
     "no_mismatch",

@@ -11,6 +11,7 @@ not seen (yet), or without `status.nodeInfo.kubeletVersion`, is scheduled as bef
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,9 @@ class NodeWatch:
         self.state = state
         self.supervisor = supervisor
         self.watch_timeout_seconds = watch_timeout_seconds
+        self.listed = asyncio.Event()
+        """Set once the first list landed (`numafit simulate` waits for it before its first
+        pod, so that every decision knows the nodes' kubelets)."""
 
     def start(self) -> None:
         if self.kube is not None:
@@ -148,6 +152,7 @@ class NodeWatch:
         assert self.kube is not None
         items, version = await self.kube.list_nodes()
         self.state.replace_all(items)
+        self.listed.set()
         return version
 
     async def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:

@@ -93,7 +93,13 @@ class SimCluster:
         wiring = self.wiring = InProcess(self.nats.url, self.workdir / "kubeconfig")
         self.kube = await wiring.kube("numafit-simulate")
         for spec in self.scenario.nodes:
-            body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": spec.name},
+                # The version its kubelet emulator plays, as a kubelet reports its own.
+                "status": {"nodeInfo": {"kubeletVersion": spec.kubelet_version}},
+            }
             await self.kube.create_node(body)
 
         progress("starting accounting, refit and the scheduler extender")
@@ -126,6 +132,7 @@ class SimCluster:
             for sim in self.nodes.values():
                 await sim.plugin.inventory_registered.wait()
             await self.scheduler.read_model.ready.wait()
+            await self.scheduler.nodes.listed.wait()  # every node's kubelet version known
             for name in self.nodes:
                 await self.topology_seen(name)
 
@@ -143,6 +150,7 @@ class SimCluster:
                 node_name=spec.name,
                 topology_policy=spec.topology_policy,
                 cpus=spec.cpus,
+                version=spec.kubelet_version,
             ),
             publisher,
         )

@@ -7,6 +7,7 @@
         gpus:
           - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 1}   # cores 100, count 10
         nodeResourceTopology: false        # true: the node publishes NodeResourceTopology
+        kubeletVersion: v1.31.0            # the kubelet played (status.nodeInfo.kubeletVersion)
     config: {gpuSchedulerPolicy: spread, nodeSchedulerPolicy: binpack}
     pods: [<Pod manifests>, {delete: ns/name}, ...]
     compare: nodeResourceTopology          # optional: run the pods again with every node's
@@ -31,12 +32,13 @@ import yaml
 
 from shared.core.config import CoreConfig, parse_config
 from shared.core.errors import CoreError
+from shared.core.kubelet_version import parse_kubelet_version
 from shared.core.pods import pod_from_object
 from shared.kube_emulator.field_validation import inspect as inspect_fields
 from shared.kube_emulator.resources import PODS
 from shared.kube_emulator.schema import ListOf, MapOf, ObjectType, Ref, TypeExpr
 from shared.kube_emulator.schema_catalog import CATALOG
-from shared.kubelet_emulator import TopologyPolicy
+from shared.kubelet_emulator import DEFAULT_KUBELET_VERSION, TopologyPolicy
 from svc_deviceplugin.discovery import GpuInfo, TopologyError, parse_gpus
 
 
@@ -84,6 +86,9 @@ class NodeSpec:
     gpus: list[GpuInfo]
     node_resource_topology: bool = False
     """The node publishes NodeResourceTopology after every admission and release."""
+    kubelet_version: str = DEFAULT_KUBELET_VERSION
+    """The kubelet version its emulator plays and its Node reports: before v1.31 a pod whose
+    init containers ask for `nvidia.com/gpumem` or `gpucores` is rejected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +217,11 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def _node(check: _Checker, item: object) -> NodeSpec:
     node = check.mapping(item, "a node", item)
-    check.keys(node, {"name", "topologyPolicy", "cpus", "gpus", "nodeResourceTopology"}, "a node")
+    check.keys(
+        node,
+        {"name", "topologyPolicy", "cpus", "gpus", "nodeResourceTopology", "kubeletVersion"},
+        "a node",
+    )
     name = node.get("name")
     if not isinstance(name, str) or not name:
         raise check.fail(node, "a node needs a name")
@@ -242,7 +251,10 @@ def _node(check: _Checker, item: object) -> NodeSpec:
     nrt = node.get("nodeResourceTopology", False)
     if not isinstance(nrt, bool):
         raise check.fail(node, f"node {name}: nodeResourceTopology must be true or false")
-    return NodeSpec(name, policy, dict(cpus_obj), gpus, nrt)
+    version = node.get("kubeletVersion", DEFAULT_KUBELET_VERSION)
+    if parse_kubelet_version(version) is None:
+        raise check.fail(node, f"node {name}: kubeletVersion must be a version such as v1.28.7")
+    return NodeSpec(name, policy, dict(cpus_obj), gpus, nrt, str(version).strip())
 
 
 def _step(check: _Checker, item: object, parent: object) -> Step:

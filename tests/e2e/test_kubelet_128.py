@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from shared.simulate.report import public, simulate
-from shared.simulate.scenario import parse_scenario
+from shared.simulate.scenario import ScenarioError, parse_scenario
 
 if TYPE_CHECKING:
     from shared.simulate.cluster import SimCluster
@@ -127,3 +129,39 @@ async def test_a_best_effort_pin_kubelet_does_not_offer_fails_the_pod_with_the_r
     (status,) = statuses["containerStatuses"]
     assert status["state"]["terminated"]["reason"] == "ContainerStatusUnknown"
     assert status["state"]["terminated"]["exitCode"] == 137
+
+
+INIT_GPUMEM = pod_yaml(
+    "etl",
+    container("load", "nvidia.com/gpu: 1, nvidia.com/gpumem: 20000, cpu: 2, memory: 1Gi"),
+    init=container(
+        "extract",
+        "nvidia.com/gpu: 1, nvidia.com/gpumem: 30000, nvidia.com/gpucores: 60, cpu: 2, memory: 1Gi",
+    ),
+)
+
+
+async def test_a_node_whose_kubelet_would_reject_init_containers_gpumem_is_not_chosen() -> None:
+    # The node's kubelet plays v1.28.7 and its Node says so: the scheduler leaves it out for a
+    # pod whose init container asks for gpumem and gpucores, instead of a reservation, a refit
+    # and a pod kubelet rejects with OutOfnvidia.com/gpucores after the device plugin ran.
+    text = NODE.format(cpus="{0: 8, 1: 8}").replace(
+        "    topologyPolicy: single-numa-node\n",
+        "    topologyPolicy: single-numa-node\n    kubeletVersion: v1.28.7\n",
+    )
+    report = await run(text + INIT_GPUMEM)
+    entry = pod(report, "etl")
+    assert (entry["phase"], entry["reason"]) == ("Pending", "Unschedulable")
+    assert all(c["refit"] == "none" and c["ledgerGpus"] == [] for c in entry["containers"])
+    assert all(u["usedmem"] == 0 for u in report["devices"]["node-1"].values())
+    # The same pod on a v1.31 kubelet (the default) runs.
+    report = await run(NODE.format(cpus="{0: 8, 1: 8}") + INIT_GPUMEM)
+    assert pod(report, "etl")["phase"] == "Running"
+
+
+def test_kubelet_version_must_be_a_version() -> None:
+    text = NODE.format(cpus="{0: 8, 1: 8}").replace(
+        "    cpus:", "    kubeletVersion: newest\n    cpus:"
+    )
+    with pytest.raises(ScenarioError, match=r"kubeletVersion must be a version such as v1\.28"):
+        parse_scenario(text)

@@ -15,19 +15,23 @@ can never land (its precondition fails), or conflicts, and then the pod already 
 write landed, or something else did) and a read shows what is true. Either way the next owner
 decides on what the API server will keep.
 
-The bucket (`<lease-bucket>-intents`, on file: a restarted NATS server keeps it) holds keys
-`intent.<partition>.<nonce>` with no short age limit: an intent must outlive the lease of the
-replica that wrote it (the leases bucket expires keys after a TTL, which a paused owner's intent
-would not survive). Left-over intents (a delete that did not go through) cost one conflicting
-write at the next takeover, nothing more; the bucket's age limit of a day only bounds garbage.
+The bucket (`<lease-bucket>-intents`, on file: a restarted NATS server keeps it) holds one key
+per pod with a write under way, `intent.<partition>.<pod-uid>` (a write overwrites the pod's
+last intent; its delete names the revision it wrote, so it never removes a newer one). Keys live
+MAX_AGE seconds: longer than the lease of the replica that wrote them (the leases bucket expires
+keys after a TTL, which a paused owner's intent must survive until a takeover reads it) and than
+any write can stay in flight at the API server (its request timeout is 60 s at most), short
+enough that the bucket holds only recent pods (a listing at takeover stays small, delete markers
+go too). A left-over intent (a delete that did not go through) costs one conflicting write at
+the next takeover, nothing more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -46,8 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("numafit.accounting")
 
 SUFFIX = "-intents"
-MAX_AGE = 24 * 3600.0
-"""Seconds a left-over intent is kept at most (garbage bound; takeovers settle them first)."""
+MAX_AGE = 120.0
+"""Seconds an intent is kept: twice kube-apiserver's longest request timeout (60 s)."""
 MAX_PENDING_TASKS = 1024
 """Deletes of settled intents in the background at most (beyond it they are awaited)."""
 
@@ -71,6 +75,18 @@ class WriteIntent(msgspec.Struct, frozen=True, kw_only=True):
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(WriteIntent)
+
+
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a write whose expected last sequence is not the key's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """Where an intent is stored: its key and the revision its writer put there."""
+
+    key: str
+    revision: int | None
 
 
 class IntentUnavailable(Exception):
@@ -118,47 +134,56 @@ class IntentLog:
                 if replicas == 1:
                     raise
 
-    async def record(self, partition: int, intent: WriteIntent, within: float) -> str:
-        """Store `intent` before its write is sent; its key. IntentUnavailable when the bucket
-        does not take it in time (the write is then not sent: nobody could settle it)."""
+    async def record(self, partition: int, intent: WriteIntent, within: float) -> Recorded:
+        """Store `intent` before its write is sent. IntentUnavailable when the bucket does not
+        take it in time (the write is then not sent: nobody could settle it)."""
         kv = self._kv
         if kv is None:
             raise IntentUnavailable("the intent bucket is not open")
-        key = f"intent.{partition}.{secrets.token_hex(8)}"
+        key = f"intent.{partition}.{intent.uid}"
         try:
             async with asyncio.timeout(min(within, self.timeout)):
                 try:
-                    await kv.put(key, _ENCODER.encode(intent))
+                    revision = await kv.put(key, _ENCODER.encode(intent))
                 except LOST_STREAM:
                     # The bucket is gone (its NATS server lost its store): made again, once.
                     await self.open()
-                    await self._require().put(key, _ENCODER.encode(intent))
+                    revision = await self._require().put(key, _ENCODER.encode(intent))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise IntentUnavailable(f"cannot record the write's intent: {exc!r}"[:200]) from exc
-        return key
+        return Recorded(key, revision)
 
     def _require(self) -> KeyValue:
         if self._kv is None:
             raise IntentUnavailable("the intent bucket is not open")
         return self._kv
 
-    def clear(self, key: str) -> None:
+    def clear(self, recorded: Recorded) -> None:
         """The write's outcome is known: forget its intent, in the background (the reply does
         not wait; a delete that fails leaves garbage the next takeover settles harmlessly)."""
         if len(self._deletes) >= MAX_PENDING_TASKS:
             log.warning("intent deletes are piling up; one left for the next takeover")
             return
-        task = asyncio.get_running_loop().create_task(self._delete(key), name="intent-clear")
+        task = asyncio.get_running_loop().create_task(
+            self._delete(recorded.key, recorded.revision), name="intent-clear"
+        )
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 
-    async def _delete(self, key: str) -> None:
+    async def _delete(self, key: str, revision: int | None) -> None:
         kv = self._kv
         if kv is None:
             return
         try:
             async with asyncio.timeout(self.timeout):
-                await kv.purge(key)
+                # Only the intent this write recorded: the pod's next write may have recorded
+                # its own meanwhile (its delete is that write's to do).
+                await kv.delete(key, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                log.info("intent not deleted", extra={"intent": key, "error": repr(exc)[:200]})
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             log.info("intent not deleted", extra={"intent": key, "error": repr(exc)[:200]})
 
@@ -167,7 +192,7 @@ class IntentLog:
         if self._deletes:
             await asyncio.wait(set(self._deletes), timeout=self.timeout)
 
-    async def pending(self, partitions: Iterable[int]) -> list[tuple[str, WriteIntent | None]]:
+    async def pending(self, partitions: Iterable[int]) -> list[tuple[Recorded, WriteIntent | None]]:
         """The intents left in `partitions` (None for a value that does not decode: it is
         dropped by whoever settles). Raises on a bucket that cannot be read: a takeover must
         not serve a partition whose writes under way it cannot know."""
@@ -188,7 +213,7 @@ class IntentLog:
             log.warning("intent bucket lost; created again", extra={"bucket": self.bucket})
             await self.open()
             return []
-        out: list[tuple[str, WriteIntent | None]] = []
+        out: list[tuple[Recorded, WriteIntent | None]] = []
         for key in found:
             if partition_of_key(key) not in wanted:
                 continue
@@ -197,20 +222,21 @@ class IntentLog:
                     entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 continue  # deleted meanwhile (its writer learned the outcome)
+            recorded = Recorded(key, entry.revision)
             try:
-                out.append((key, _DECODER.decode(entry.value or b"")))
+                out.append((recorded, _DECODER.decode(entry.value or b"")))
             except msgspec.DecodeError:
-                out.append((key, None))
+                out.append((recorded, None))
         return out
 
-    async def forget(self, key: str) -> None:
+    async def forget(self, recorded: Recorded) -> None:
         """Delete a settled intent now (a takeover waits for it: the next takeover must not
         settle it again needlessly, but a failure here is only garbage)."""
-        await self._delete(key)
+        await self._delete(recorded.key, recorded.revision)
 
 
 def partition_of_key(key: str) -> str | None:
-    """`intent.<partition>.<nonce>` -> the partition as written; None for any other key."""
+    """`intent.<partition>.<pod-uid>` -> the partition as written; None for any other key."""
     parts = key.split(".")
     return parts[1] if len(parts) == 3 and parts[0] == "intent" else None
 

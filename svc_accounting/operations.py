@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
     from shared.service.kube_io import Kube
-    from svc_accounting.intents import IntentLog, WriteIntent
+    from svc_accounting.intents import IntentLog, Recorded, WriteIntent
     from svc_accounting.unbound import UnboundPods
 
 log = logging.getLogger("numafit.accounting")
@@ -176,6 +176,11 @@ class Refused(Exception):
 
 class NotAddressed(Exception):
     """Partitioned accounting: another replica answers this request (no reply from here)."""
+
+
+class ReadTooLate(Exception):
+    """The request's deadline had passed before it was read: its caller gave up on it, and
+    another replica may have answered it while this one was paused, so it gets no answer."""
 
 
 def _answer(r: MoveRequest) -> tuple[str, bytes] | None:
@@ -415,7 +420,7 @@ class Operations:
             if intent is not None and self.intents is not None:
                 self.intents.clear(intent)
 
-    async def _intend(self, pod: PodInfo, node: str, budget: float) -> str | None:
+    async def _intend(self, pod: PodInfo, node: str, budget: float) -> Recorded | None:
         """Record the write's intent (partitioned accounting only); its key. Refused with
         `node_unavailable` when the bucket does not take it: unrecorded, a write that lands
         late would be invisible to the next owner, so it is not sent."""
@@ -1194,6 +1199,12 @@ class Operations:
             name = self._node_name(op, node_token, node, request_kind.WHAT)
             self._admit(op, name, node_token)
             deadline = deadline_of(request, received)
+            if deadline is not None and deadline.expired:
+                # Read late: this replica was paused, or the request waited out a takeover.
+                # An answer now reaches nobody, and could be a second one: nothing is done
+                # and nothing is said (counted, and warned of, by the caller of `handle`).
+                self._late()
+                raise ReadTooLate(op)
             _DEADLINE.set(deadline)
             if op in NO_WRITE_OPS:
                 if isinstance(request, SnapshotRequest) and request.pod_uid in self.settling:

@@ -16,7 +16,9 @@ Exactly one replica answers a request, so that no request is ever answered (or a
 - a partition nobody owns: only the replica that wants it (the rendezvous choice among the live
   members) keeps the request, up to `takeover_wait` seconds; it answers once it serves (the
   request's deadline and epoch still decide: one decided on the previous owner's view is
-  refused with `conflict`), or refuses with `node_unavailable` when it still does not;
+  refused with `conflict`), refuses with `node_unavailable` when it holds the key but is still
+  bringing the partition up to date, and drops it when it does not even hold the key (another
+  replica may want it too and answer);
 - a partition another replica holds is that replica's, even when this one wants it (a replica
   that joined): the holder answers, and hands the partition over between requests.
 """
@@ -102,8 +104,11 @@ class Ownership:
             pass
         if leases.may_serve(k):
             return Admission.SERVE
-        if self._coming(k, True) or k in leases.releasing:
+        if (k in leases.held and leases.rebuilding(k)) or k in leases.releasing:
             return Admission.REFUSE  # still this replica's to answer: quickly, not by timeout
+        # Wanted but still not held: two replicas can both want a partition while their views
+        # of the members differ (a join, a leave), so a refusal from here could be a second
+        # answer; the holder (or nobody) answers.
         return Admission.DROP
 
     def _coming(self, k: int, changes: bool) -> bool:

@@ -57,6 +57,7 @@ from svc_accounting.operations import (
     NO_WRITE_OPS,
     NotAddressed,
     Operations,
+    ReadTooLate,
     bounded,
 )
 from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
@@ -91,6 +92,8 @@ DRAIN_WRITES_FACTOR = 2.0
 """A handover waits at most this many write timeouts for the writes under way (a write and the
 fence that settles it when its answer does not come)."""
 EXPIRY_CHECK_SECONDS = 1.0
+LATE_WARN_EVERY = 10.0
+"""Seconds between warnings about requests dropped for being read after their deadline."""
 """Held reservations are checked for expiry at least this often."""
 
 
@@ -196,6 +199,8 @@ class AccountingService:
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
         self.replica = replica_id or default_replica_id()
+        self._late_dropped = 0
+        self._late_warned_at = -LATE_WARN_EVERY
         self._rebuilt_at: float | None = None
         """When the ledger was last listed whole (a takeover right after needs no relist)."""
         self.leases: Leases | None = None
@@ -354,7 +359,7 @@ class AccountingService:
         if intents is None or self.leases is None:
             return
         async with asyncio.timeout(self.leases.renew_every):
-            for key, intent in await intents.pending(partitions):
+            for recorded, intent in await intents.pending(partitions):
                 if intent is not None:
                     outcome = await self.ops.settle_intent(intent)
                     log.info(
@@ -368,7 +373,7 @@ class AccountingService:
                             "age_s": round(time.time() - intent.at, 3),
                         },
                     )
-                await intents.forget(key)
+                await intents.forget(recorded)
 
     def _ownership_changed(self, change: OwnershipChange) -> None:
         """Counted, and the owned gauge follows (only here: it is not worth a look per
@@ -664,6 +669,9 @@ class AccountingService:
             data = messages.encode(reply)
         except NotAddressed:
             return  # a page of `_all` asked of another replica
+        except ReadTooLate:
+            self._warn_late(op)
+            return
         except Exception:
             log.exception("accounting operation failed", extra={"op": op})
             self.metrics.result(op, None)
@@ -720,6 +728,20 @@ class AccountingService:
             if allowed is None and self.relay.needs_check(subject):
                 self.supervisor.spawn(self.relay.check(subject), "answer-relay-check")
         return msgspec.structs.replace(reply, answered=True) if allowed else reply
+
+    def _warn_late(self, op: str) -> None:
+        """One warning per LATE_WARN_EVERY seconds, however many requests are read late (a
+        replica resumed after a pause reads a socket full of them)."""
+        self._late_dropped += 1
+        now = time.monotonic()
+        if now - self._late_warned_at >= LATE_WARN_EVERY:
+            log.warning(
+                "requests read after their deadline were dropped unanswered: this replica was "
+                "paused, a takeover kept them too long, or clocks disagree (NTP)",
+                extra={"op": op, "dropped": self._late_dropped},
+            )
+            self._late_warned_at = now
+            self._late_dropped = 0
 
     def _unowned(self, op: str, token: str) -> messages.AccountingReply:
         kinds = messages.OPS.get(op)

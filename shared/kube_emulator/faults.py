@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from .objects import JSONDict
 
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 ADMIN_PREFIX = "/_emulator/"
 """Requests under this prefix (the emulator's own controls) are never faulted."""
 
@@ -101,6 +102,9 @@ class Faults:
         self.in_flight = 0
         """Faulted requests still being delayed or served."""
         self._outliving: set[asyncio.Task[web.StreamResponse]] = set()
+        self.on_write: list[Callable[[str, str, bytes], None]] = []
+        """Called with (method, path, body) of every write as it arrives, before any fault
+        delays it (tests tell when a write was sent from when it was committed)."""
 
     def add(
         self,
@@ -183,6 +187,10 @@ class Faults:
     ) -> web.StreamResponse:
         if request.path.startswith(ADMIN_PREFIX):
             return await handler(request)
+        if self.on_write and request.method in WRITE_METHODS:
+            body = await request.read()  # kept by the request for its handler
+            for hook in self.on_write:
+                hook(request.method, request.path, body)
         rule = self.take(request.method, request.path_qs, is_watch_request(request))
         if rule is None:
             return await handler(request)

@@ -8,8 +8,12 @@ reserves and refits. What it measures, without trusting the code under test:
   hook) and attributed to the move that asked for it: each move of a pod names a memory size
   of its own (12000 MiB less the pod's request count), so the `allocated` annotation says
   which request landed (`commits_after_refusal`: a request refused, yet its write landed;
-  `unasked_commits`: a placement nobody asked for; `late_unacknowledged`: landed after the
-  request's deadline without an `ok` answer, which the caller would have taken as a failure);
+  `unasked_commits`: a placement nobody asked for);
+- every write is also timed as it reaches the API server, before any injected delay
+  (`writes_sent_after_deadline`: accounting acted on a request after its caller gave up); a
+  write sent in time may still be committed late when the API server holds it (the late-write
+  fault): `late_acknowledged` / `late_unacknowledged` count those, the second when its sender
+  was stopped before it could answer (the caller, unanswered, must treat it as unknown);
 - GPU usage is summed here from the annotations after every committed write
   (`overcommitted_moments`: a state in which a GPU holds more than its memory);
 - every `ok` answer's placement must have been committed (`acknowledged_missing`).
@@ -78,6 +82,19 @@ ANSWER_GRACE_S = 12.0
 """How long after its deadline an answer is still counted (a paused replica's comes late)."""
 
 
+LOGGED = frozenset(
+    {
+        "partition acquired",
+        "partition released",
+        "partition lost",
+        "a previous owner's write settled at takeover",
+        "a write whose answer did not come landed",
+        "accounting ready",
+    }
+)
+"""Log lines of the accounting replicas the report counts."""
+
+
 def gpus_of(name: str) -> tuple[str, str]:
     return f"{name}-big", f"{name}-small"
 
@@ -111,11 +128,18 @@ class Report:
     unanswered: int = 0
     commits_after_refusal: int = 0
     unasked_commits: int = 0
+    writes_sent_after_deadline: int = 0
+    """Writes that reached the API server after their request's deadline (the sender was
+    stopped between its last check and the send): harmless while none of them lands."""
+    late_sent_landed: int = 0
     late_unacknowledged: int = 0
+    """Landed after the deadline, sent before it, unanswered (its sender was stopped)."""
     late_acknowledged: int = 0
     overcommitted_moments: int = 0
     acknowledged_missing: int = 0
     ledger_differs: list[str] = field(default_factory=list)
+    logged: Counter[str] = field(default_factory=Counter)
+    """What the accounting replicas' own logs say happened (takeovers, settled writes)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -124,7 +148,7 @@ class Report:
             self.answered_twice
             or self.commits_after_refusal
             or self.unasked_commits
-            or self.late_unacknowledged
+            or self.late_sent_landed
             or self.overcommitted_moments
             or self.acknowledged_missing
             or self.ledger_differs
@@ -142,11 +166,14 @@ class Report:
             "unanswered": self.unanswered,
             "commits_after_refusal": self.commits_after_refusal,
             "unasked_commits": self.unasked_commits,
+            "writes_sent_after_deadline": self.writes_sent_after_deadline,
+            "late_sent_landed": self.late_sent_landed,
             "late_unacknowledged": self.late_unacknowledged,
             "late_acknowledged": self.late_acknowledged,
             "overcommitted_moments": self.overcommitted_moments,
             "acknowledged_missing": self.acknowledged_missing,
             "ledger_differs": self.ledger_differs,
+            "logged": dict(self.logged),
             "problems": self.problems[:20],
         }
 
@@ -161,6 +188,7 @@ class CombinedRun:
         self.bucket = f"combined-{seed}-{int(time.time())}"
         self.replicas: list[ServiceProcess] = []
         self.joiner: ServiceProcess | None = None
+        self.joiners: list[ServiceProcess] = []
         self.paused: set[int] = set()
         self.sent: dict[str, Sent] = {}
         self.by_mem: dict[tuple[str, int], str] = {}
@@ -172,6 +200,10 @@ class CombinedRun:
         self.capacity: dict[str, int] = {}
         self._committed: dict[str, float] = {}
         """Inbox -> when the API server committed that move's write."""
+        self._arrived: dict[str, float] = {}
+        """Inbox -> when that move's write reached the API server."""
+        self._arrived_wall: dict[str, float] = {}
+        """The same, as Unix time (to find it in the replicas' logs)."""
         self._pauses: set[asyncio.Future[None]] = set()
         self._holders: set[str] = set()
         """UIDs of the pods only reserved for (holds are unwritten: not in the annotations)."""
@@ -278,6 +310,23 @@ class CombinedRun:
         if over:
             self.report.overcommitted_moments += 1
             self.report.problems.append(f"over-committed: {over}")
+
+    def on_write(self, method: str, path: str, body: bytes) -> None:
+        """A write reached the API server (before any injected delay): a move's PATCH is
+        known by its pod and size, as its commit is."""
+        if method != "PATCH" or "-mover-" not in path:
+            return
+        try:
+            notes = orjson.loads(body)["metadata"]["annotations"]
+            allocated = notes[keys.ALLOCATED]
+        except (ValueError, KeyError, TypeError):
+            return  # not a move (a fence, a consume): nothing to attribute
+        name = path.rsplit("/", 1)[-1]
+        mem = entry_devices(allocated)[0][0][1]
+        inbox = self.by_mem.get((name, mem))
+        if inbox is not None and inbox not in self._arrived:
+            self._arrived[inbox] = time.monotonic()
+            self._arrived_wall[inbox] = time.time()
 
     # --- load ------------------------------------------------------------------------------
 
@@ -389,6 +438,7 @@ class CombinedRun:
             elif kind == "join":
                 if self.joiner is None:
                     self.joiner = self._replica("acc-joiner")
+                    self.joiners.append(self.joiner)
                     self.joiner.start()
                 else:
                     self.joiner.stop()  # a graceful leave (SIGTERM: hands over)
@@ -421,9 +471,11 @@ class CombinedRun:
     async def run(self, seconds: float) -> Report:
         await self.seed_objects()
         self.emulator.store.on_commit.append(self.on_commit)
+        self.emulator.faults.on_write.append(self.on_write)
         self.replicas = [self._replica(f"acc-{i}") for i in range(3)]
         refit_service = service("refit", self.nats_url, self.kubeconfig, self.tmp)
-        nc = await natsconn.connect(self.nats_url, "chaos-combined")
+        connection = await natsconn.connect(self.nats_url, "chaos-combined")
+        nc = connection.client
         client = RawAccounting(nc)
         started = time.monotonic()
         try:
@@ -462,10 +514,22 @@ class CombinedRun:
             await self._compare_ledger(client)
         finally:
             self.report.seconds = time.monotonic() - started
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit_service, *self.replicas, *([self.joiner] if self.joiner else [])])
         self._tally()
+        self._read_logs()
         return self.report
+
+    def _read_logs(self) -> None:
+        every = [*self.replicas, *self.joiners]
+        seen: set[Path] = set()
+        for proc in every:
+            if proc.log in seen:
+                continue
+            seen.add(proc.log)
+            for message in proc.messages():
+                if message in LOGGED:
+                    self.report.logged[message] += 1
 
     async def _compare_ledger(self, client: RawAccounting) -> None:
         kube = await kube_for(self.kubeconfig)
@@ -527,19 +591,33 @@ class CombinedRun:
             if sent.op != "move":
                 continue
             committed = self._committed.get(inbox)
+            arrived = self._arrived.get(inbox)
             acked = first is not None and first.get("ok") is True
+            if arrived is not None and arrived > sent.deadline:
+                r.writes_sent_after_deadline += 1
+                if committed is not None:
+                    r.late_sent_landed += 1
+                    r.problems.append(
+                        f"{sent.pod} -> {sent.target} ({inbox}) written "
+                        f"+{arrived - sent.sent_at:.2f}s after it was sent, past its deadline, "
+                        f"and landed (at {self._arrived_wall[inbox]:.3f})"
+                    )
             if committed is not None and first is not None and not acked:
                 r.commits_after_refusal += 1
-                r.problems.append(f"{sent.pod} -> {sent.target} refused ({code}), yet landed")
+                r.problems.append(
+                    f"{sent.pod} -> {sent.target} ({inbox}) refused, yet landed "
+                    f"+{committed - sent.sent_at:.2f}s: "
+                    + " | ".join(
+                        f"+{at - sent.sent_at:.2f}s {a.get('code')} {a.get('epoch')} "
+                        f"{str(a.get('error', ''))[:100]}"
+                        for a, at in zip(sent.answers, sent.answered_at, strict=True)
+                    )
+                )
             if committed is not None and committed > sent.deadline:
                 if acked:
                     r.late_acknowledged += 1
                 else:
                     r.late_unacknowledged += 1
-                    r.problems.append(
-                        f"{sent.pod} -> {sent.target} ({inbox}) landed "
-                        f"+{committed - sent.sent_at:.2f}s after it was sent, answered {code}"
-                    )
             if acked and committed is None:
                 r.acknowledged_missing += 1
                 r.problems.append(f"{sent.pod} -> {sent.target} answered ok, never committed")

@@ -27,7 +27,7 @@ async def test_pauses_joins_kills_and_late_writes_leave_the_accounting_exact(
     assert report.answered_twice == 0, shown
     assert report.commits_after_refusal == 0, shown
     assert report.unasked_commits == 0, shown
-    assert report.late_unacknowledged == 0, shown
+    assert report.late_sent_landed == 0, shown
     assert report.overcommitted_moments == 0, shown
     assert report.acknowledged_missing == 0, shown
     assert report.ledger_differs == [], shown

@@ -11,6 +11,9 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+import pytest
+
+from shared.accounting_client import AccountingUnavailable
 from tests.builders import container, pod
 from tests.integration.harness import harness, wait_for
 from tests.integration.test_accounting_reliability import (
@@ -64,16 +67,19 @@ async def test_a_request_past_its_absolute_deadline_changes_nothing(
     nats_url: str, tmp_path: Path
 ) -> None:
     """`deadlineAtMs` is the caller's own deadline: a request read after it (a paused replica
-    reads its socket late, and `deadlineMs` alone would look fresh) is refused unserved."""
+    reads its socket late, and `deadlineMs` alone would look fresh) changes nothing and gets
+    no answer (its caller gave up; another replica may have answered it meanwhile), and it is
+    counted."""
     async with harness(
         nats_url, tmp_path, objects(placed("mover", "GPU-a,NVIDIA,20000,0:;")), with_refit=False
     ) as h:
+        assert h.accounting is not None
+        registry = h.accounting.metrics.registry
         before = await pod_annotations(h, "ml", "mover")
         move = await move_of(h, "mover")
         gone = int(time.time() * 1000) - 500
-        reply = await h.client.call("move", "node-1", {**move, "deadlineAtMs": gone})
-        assert (reply["ok"], reply["code"]) == (False, "deadline_exceeded"), reply
-        assert "nothing was done" in reply["error"]
+        with pytest.raises(AccountingUnavailable):
+            await h.client.call("move", "node-1", {**move, "deadlineAtMs": gone}, 1.0)
         assert await pod_annotations(h, "ml", "mover") == before
         reserve = {
             "podUID": "uid-nobody",
@@ -83,8 +89,14 @@ async def test_a_request_past_its_absolute_deadline_changes_nothing(
             "allocated": TARGET,
             "deadlineAtMs": gone,
         }
-        reply = await h.client.call("reserve", "node-1", reserve)
-        assert reply["code"] == "deadline_exceeded", reply
+        with pytest.raises(AccountingUnavailable):
+            await h.client.call("reserve", "node-1", reserve, 1.0)
+        late = registry.get_sample_value("numafit_accounting_late_requests_total")
+        assert late == 2, late
+        # The same requests within their deadline are served (the node and pod are fine).
+        fresh = int(time.time() * 1000) + 5000
+        reply = await h.client.call("move", "node-1", {**move, "deadlineAtMs": fresh})
+        assert reply["ok"], reply
 
 
 async def test_a_request_waiting_for_a_busy_node_is_not_served_after_its_deadline(

@@ -190,7 +190,7 @@ async def _control_plane(
                     # Accounting first: the others read its ledger as they start.
                     await started[-1].wait_ready()
                 url = f"http://127.0.0.1:{listen}" if scheduler else ""
-                nc = await wiring.nats("bench-client")
+                nc = (await wiring.nats("bench-client")).client
                 yield ControlPlane(server.url, admin, nc, url)
             finally:
                 for service in reversed(started):
@@ -266,7 +266,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
         async def echo(msg: Any) -> None:
             await msg.respond(msg.data)
 
-        responder = await natsconn.connect(plane.nats_url, "echo")
+        responder = (await natsconn.connect(plane.nats_url, "echo")).client
         try:
             await responder.subscribe(SAME_PROCESS_ECHO, cb=echo)
             await responder.flush()

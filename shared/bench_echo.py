@@ -22,7 +22,7 @@ SUBJECT = "bench.echo"
 
 
 async def _echo(nats_url: str) -> None:
-    nc = await natsconn.connect(nats_url, "bench-echo")
+    nc = (await natsconn.connect(nats_url, "bench-echo")).client
 
     async def answer(msg: Any) -> None:
         await msg.respond(msg.data)

@@ -1,14 +1,16 @@
 """One NATS connection per service, reconnecting forever and saying so in the logs.
 
+`connect` returns a `NatsConnection`: nats-py's client, and what numafit keeps beside it (the
+hooks run after a reconnect or told of an asynchronous error, whether the service itself is
+closing it, what was already said during an outage). Whoever connects holds it and closes it;
+the services are handed its `client` and use nats-py directly, through the helpers below where
+a broken socket must read as a NATS error.
+
 nats-py gives up on a connection the server closed for a protocol error (an over-long control
 line, say) and never reconnects: such a connection is closed for good. `on_closed` is called
 then, unless the service itself is closing it, so the service can fail readiness and exit.
 
-nats-py's message parser also splits protocol lines on any ASCII whitespace, while nats-server
-separates arguments with spaces and tabs only: a subject token holding a form feed or a vertical
-tab (which any client may publish to a wildcard subscription) made the parser fail, dropping the
-service's connection and the requests in flight. `harden_parser` makes the client split the way
-the server does, so such a message arrives whole and is refused like any other bad subject.
+Every connection parses messages as nats-server writes them (nats_parser_patch.py says why).
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import nats
 import nats.errors
-from nats.protocol import parser
+from nats.aio.client import Client
+
+from shared.service import nats_parser_patch
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client
     from nats.aio.msg import Msg
     from nats.micro.request import Request
     from nats.micro.service import Service
 
 log = logging.getLogger("numafit.nats")
+
+nats_parser_patch.apply()
 
 
 class ConnectionLost(nats.errors.Error):
@@ -49,38 +54,160 @@ ReconnectHook = Callable[[], Awaitable[None]]
 ErrorHook = Callable[[str], None]
 """Told the text of every asynchronous error the server reports (a permissions violation)."""
 
-
-def on_error(nc: Client, hook: ErrorHook) -> None:
-    """Call `hook` with each asynchronous error of a connection made by `connect`."""
-    hooks: list[ErrorHook] | None = getattr(nc, "_numafit_error_hooks", None)
-    if hooks is None:
-        raise ValueError("on_error needs a connection made by shared.service.natsconn.connect")
-    hooks.append(hook)
-
-
-_SEP = rb"[ \t]+"
-_ARG = rb"([^ \t\r\n]+)"
-# The group numbering of nats-py's own expressions is kept: subject, sid, (reply + separator),
-# reply, [header size,] size.
-_REPLY = rb"(" + _ARG + _SEP + rb")?"
-_MSG_RE = re.compile(rb"\AMSG" + _SEP + _ARG + _SEP + _ARG + _SEP + _REPLY + rb"(\d+)\r\n")
-_HMSG_RE = re.compile(
-    rb"\AHMSG" + _SEP + _ARG + _SEP + _ARG + _SEP + _REPLY + rb"(\d+)" + _SEP + rb"(\d+)\r\n"
-)
-
-
-def harden_parser() -> None:
-    """Parse MSG/HMSG lines as nats-server writes them (arguments split on space and tab)."""
-    parser.MSG_RE = _MSG_RE
-    parser.HMSG_RE = _HMSG_RE
-
-
-harden_parser()
-
 MAX_SAID = 32
 """Distinct errors remembered per outage (beyond them, a new text is said every time)."""
 DRAIN_TIMEOUT = 2.0
 """Seconds a drain at shutdown may take (nats-py's default is 30, past any grace period)."""
+
+
+class NatsConnection:
+    """A nats-py client and numafit's state about it; its methods are the client's callbacks.
+
+    Made by `connect`. The state lives here, not on the client: nats-py's objects carry only
+    what nats-py puts on them."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        on_reconnect: Iterable[ReconnectHook] = (),
+        on_closed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.client = Client()
+        self.closing = False
+        """Set by `close`: the connection ends because the service asked."""
+        self.last_error: str | None = None
+        """The latest error (None: none yet), for the line that gives up connecting."""
+        self._on_closed = on_closed
+        self._reconnect_hooks = list(on_reconnect)
+        self._error_hooks: list[ErrorHook] = []
+        self._warned = False
+        """A socket error was said during this outage (the next ones are not)."""
+        self._said: set[str] = set()
+        """The errors said since the last (re)connect: each is said once per outage."""
+        self._up = False
+        """Connected once: from then on a close the service did not ask for is reported."""
+
+    def on_reconnect(self, hook: ReconnectHook) -> None:
+        """Run `hook` after every reconnect, e.g. to republish state readers may have missed."""
+        self._reconnect_hooks.append(hook)
+
+    def on_error(self, hook: ErrorHook) -> None:
+        """Call `hook` with the text of each asynchronous error of this connection."""
+        self._error_hooks.append(hook)
+
+    async def close(self) -> None:
+        """Drain and close at shutdown, bounded; `on_closed` is not called for it."""
+        self.closing = True
+        try:
+            async with asyncio.timeout(DRAIN_TIMEOUT + 0.5):
+                await self.client.drain()
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+    async def _open(
+        self, servers: list[str], connect_timeout: float, inbox_prefix: str, reconnect_wait: float
+    ) -> None:
+        # Passed as one dict: nats-py annotates its timeouts `int`, yet they are seconds handed
+        # to asyncio (fractions work, and the previous untyped `nats.connect` took them so).
+        options: dict[str, Any] = {
+            "servers": servers,
+            **credentials_of(servers),
+            "name": self.name,
+            "connect_timeout": connect_timeout,
+            "inbox_prefix": inbox_prefix,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": reconnect_wait,
+            "disconnected_cb": self._disconnected,
+            "reconnected_cb": self._reconnected,
+            "closed_cb": self._closed,
+            "error_cb": self._error,
+            "drain_timeout": DRAIN_TIMEOUT,
+        }
+        await self.client.connect(**options)
+        _CONNECTIONS[id(self.client)] = self
+        self._connected()
+        # One round trip before the first publish: on a fresh connection nats-server
+        # (2.15, measured) can route the first request before it sees subscriptions that
+        # other connections flushed a moment ago, answering "no responders" (about 5% of
+        # first requests in a tight loop; none after a flush).
+        await self.client.flush(timeout=max(1, round(connect_timeout)))
+
+    def _connected(self) -> None:
+        """Connected, the first time or again: the next outage is said afresh."""
+        self._up = True
+        self._warned = False
+        self._said.clear()
+
+    async def _disconnected(self) -> None:
+        if self.client.is_closed or self.client.is_draining:
+            log.debug("nats connection closed", extra={"client": self.name})
+            return
+        log.warning("nats disconnected", extra={"client": self.name})
+
+    async def _closed(self) -> None:
+        if self.closing or not self._up:
+            return  # the service asked; or never connected, which `connect` itself reports
+        last = self.client.last_error
+        if self._on_closed is None:
+            log.info("nats connection closed", extra={"client": self.name, "error": repr(last)})
+            return
+        reason = "NATS connection closed" + (f": {last!r}" if last is not None else "")
+        log.error(
+            "nats connection closed for good", extra={"client": self.name, "error": repr(last)}
+        )
+        self._on_closed(reason)
+
+    async def _reconnected(self) -> None:
+        self._connected()
+        log.info("nats reconnected", extra={"client": self.name})
+        for hook in list(self._reconnect_hooks):
+            try:
+                await hook()
+            except Exception:
+                log.exception("reconnect hook failed", extra={"client": self.name})
+
+    async def _error(self, exc: Exception) -> None:
+        # While the server is down every reconnect attempt fails the same way: say it once
+        # per outage, not twice a second.
+        # The same goes, while not connected, for any error repeated word for word (a server
+        # refusing the credentials answers every attempt with 'Authorization Violation', then
+        # a reset). Errors on a live connection (a permissions violation) are always said.
+        text = str(exc)[:200] or type(exc).__name__
+        self.last_error = text
+        for hook in list(self._error_hooks):
+            try:
+                hook(text)
+            except Exception:
+                log.exception("nats error hook failed", extra={"client": self.name})
+        connecting = not self.client.is_connected
+        if (isinstance(exc, (ConnectionRefusedError, OSError)) and self._warned) or (
+            connecting and text in self._said
+        ):
+            log.debug("nats error", extra={"client": self.name, "error": str(exc)})
+            return
+        self._warned = self._warned or isinstance(exc, OSError)
+        if connecting and len(self._said) < MAX_SAID:
+            self._said.add(text)
+        log.warning("nats error", extra={"client": self.name, "error": text})
+
+
+_CONNECTIONS: weakref.WeakValueDictionary[int, NatsConnection] = weakref.WeakValueDictionary()
+"""Every live connection `connect` made, by the id of its client: for code handed only the
+client (`on_error`). Weak, so the table keeps nothing alive (the weakref documentation's way
+of associating data with objects owned elsewhere without adding attributes to them)."""
+
+
+def on_error(nc: Client, hook: ErrorHook) -> None:
+    """Call `hook` with each asynchronous error of a client `connect` made (for code handed
+    only the client; whoever holds the `NatsConnection` calls its `on_error`)."""
+    connection = _CONNECTIONS.get(id(nc))
+    if connection is None or connection.client is not nc:
+        raise ValueError("on_error needs a connection made by shared.service.natsconn.connect")
+    connection.on_error(hook)
 
 
 async def connect(
@@ -89,108 +216,26 @@ async def connect(
     *,
     connect_timeout: float = 2.0,
     initial_timeout: float = 30.0,
-    on_reconnect: list[ReconnectHook] | None = None,
+    on_reconnect: Iterable[ReconnectHook] = (),
     inbox_prefix: str = "_INBOX",
     on_closed: Callable[[str], None] | None = None,
     reconnect_wait: float = 0.5,
-) -> Client:
-    """Connect, then reconnect forever; `on_reconnect` hooks (the list may grow after connect)
-    run after every reconnect, e.g. to republish state readers may have missed. `on_closed`
-    gets a reason when the connection is closed without the service asking."""
-    hooks = on_reconnect if on_reconnect is not None else []
-    error_hooks: list[ErrorHook] = []
-    client: list[Client] = []
-    warned = [False]
-    said: set[str] = set()
-    """The errors said since the last (re)connect: each is said once per outage."""
-    last_error: list[str | None] = [None]
-    """The latest error (None: none yet), for the line that gives up."""
-
-    async def disconnected() -> None:
-        if client and (client[0].is_closed or client[0].is_draining):
-            log.debug("nats connection closed", extra={"client": name})
-            return
-        log.warning("nats disconnected", extra={"client": name})
-
-    async def closed() -> None:
-        nc = client[0] if client else None
-        if nc is None or getattr(nc, "_numafit_closing", False):
-            return
-        last = nc.last_error
-        if on_closed is None:
-            log.info("nats connection closed", extra={"client": name, "error": repr(last)})
-            return
-        reason = "NATS connection closed" + (f": {last!r}" if last is not None else "")
-        log.error("nats connection closed for good", extra={"client": name, "error": repr(last)})
-        on_closed(reason)
-
-    async def reconnected() -> None:
-        warned[0] = False
-        said.clear()
-        log.info("nats reconnected", extra={"client": name})
-        for hook in list(hooks):
-            try:
-                await hook()
-            except Exception:
-                log.exception("reconnect hook failed", extra={"client": name})
-
-    async def error(exc: Exception) -> None:
-        # While the server is down every reconnect attempt fails the same way: say it once
-        # per outage, not twice a second.
-        # The same goes, while not connected, for any error repeated word for word (a server
-        # refusing the credentials answers every attempt with 'Authorization Violation', then
-        # a reset). Errors on a live connection (a permissions violation) are always said.
-        text = str(exc)[:200] or type(exc).__name__
-        last_error[0] = text
-        for hook in list(error_hooks):
-            try:
-                hook(text)
-            except Exception:
-                log.exception("nats error hook failed", extra={"client": name})
-        connecting = not client or not client[0].is_connected
-        if (isinstance(exc, (ConnectionRefusedError, OSError)) and warned[0]) or (
-            connecting and text in said
-        ):
-            log.debug("nats error", extra={"client": name, "error": str(exc)})
-            return
-        warned[0] = warned[0] or isinstance(exc, OSError)
-        if connecting and len(said) < MAX_SAID:
-            said.add(text)
-        log.warning("nats error", extra={"client": name, "error": text})
-
+) -> NatsConnection:
+    """Connect, then reconnect forever; the `on_reconnect` hooks (and those added later with
+    `NatsConnection.on_reconnect`) run after every reconnect. `on_closed` gets a reason when
+    the connection is closed without the service asking."""
+    connection = NatsConnection(name, on_reconnect=on_reconnect, on_closed=on_closed)
     servers = [u.strip() for u in url.split(",") if u.strip()]
     try:
         async with asyncio.timeout(initial_timeout):
-            nc = await nats.connect(
-                servers=servers,
-                **credentials_of(servers),
-                name=name,
-                connect_timeout=connect_timeout,
-                inbox_prefix=inbox_prefix,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=reconnect_wait,
-                disconnected_cb=disconnected,
-                reconnected_cb=reconnected,
-                closed_cb=closed,
-                error_cb=error,
-                drain_timeout=DRAIN_TIMEOUT,
-            )
-            client.append(nc)
-            nc._numafit_error_hooks = error_hooks  # type: ignore[attr-defined]
-            warned[0] = False  # connected: the next outage is said afresh
-            said.clear()
-            # One round trip before the first publish: on a fresh connection nats-server
-            # (2.15, measured) can route the first request before it sees subscriptions that
-            # other connections flushed a moment ago, answering "no responders" (about 5% of
-            # first requests in a tight loop; none after a flush).
-            await nc.flush(timeout=max(1, round(connect_timeout)))
-            return nc
+            await connection._open(servers, connect_timeout, inbox_prefix, reconnect_wait)
     except TimeoutError as exc:
-        why = f" (last error: {last_error[0]})" if last_error[0] is not None else ""
+        last = connection.last_error
+        why = f" (last error: {last})" if last is not None else ""
         raise ConnectionError(
             f"cannot reach NATS at {redacted(url)} within {initial_timeout:g}s{why}"
         ) from exc
+    return connection
 
 
 def redacted(url: str) -> str:
@@ -222,7 +267,10 @@ def credentials_of(servers: list[str]) -> dict[str, str]:
 
 def reply_subject(request: Request) -> str | None:
     """The reply subject of a `nats.micro` request (None when the sender expects no reply).
-    nats.micro keeps the message private; the reply subject is what NATS calls `msg.reply`."""
+
+    nats.micro offers no public way to read it: its `Request` keeps the message in `_msg`
+    (nats-py 2.16). This is the one place numafit reads it;
+    tests/service/test_natsconn_connection.py fails should nats.micro stop keeping it there."""
     reply: str = request._msg.reply
     return reply or None
 
@@ -294,17 +342,6 @@ async def stop_service(nc: Client, service: Service | None) -> None:
         await nc.flush(timeout=1)
     except Exception as exc:
         log.info("service endpoints not stopped cleanly", extra={"error": repr(exc)[:200]})
-
-
-async def close(nc: Client) -> None:
-    """Drain and close a connection at shutdown, bounded; `on_closed` is not called for it."""
-    nc._numafit_closing = True  # type: ignore[attr-defined]
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT + 0.5):
-            await nc.drain()
-    except Exception:
-        with contextlib.suppress(Exception):
-            await nc.close()
 
 
 async def peers(nc: Client, service: str, wait: float) -> list[dict[str, Any]]:

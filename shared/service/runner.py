@@ -30,8 +30,6 @@ from shared.service.supervisor import Supervisor
 from shared.service.wiring import Factory, Service, ServiceSpec, reconnect_hook
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client
-
     from shared.service.settings import CommonSettings
 
 __all__ = [
@@ -78,25 +76,24 @@ async def serve(
         stop = asyncio.Event()
         stop_on_signals(stop)
     log.info("starting", extra={"service": name, "metrics_port": health.port})
-    reconnect_hooks: list[natsconn.ReconnectHook] = []
-    nc: Client | None = None
+    connection: natsconn.NatsConnection | None = None
     api = None
     try:
-        nc = await natsconn.connect(
+        connection = await natsconn.connect(
             settings.nats_url,
             name,
             initial_timeout=settings.nats_connect_timeout,
-            on_reconnect=reconnect_hooks,
             inbox_prefix=settings.nats_inbox_prefix,
             on_closed=readiness.fail,
         )
         if use_kube:
             api = await api_client(settings.kubeconfig)
-        made = factory(nc, Kube(api, name) if api is not None else None, registry, readiness)
+        kube = Kube(api, name) if api is not None else None
+        made = factory(connection.client, kube, registry, readiness)
         service = await made if isinstance(made, Awaitable) else made
         hook = reconnect_hook(service)
         if hook is not None:
-            reconnect_hooks.append(hook)
+            connection.on_reconnect(hook)
         try:
             await _until_failed(service.start(), readiness)
             async with Supervisor(f"{name}-runner", on_fatal=readiness.fail) as tasks:
@@ -110,8 +107,8 @@ async def serve(
         finally:
             await _stop(service, name, settings.grace_seconds, readiness)
     finally:
-        if nc is not None:
-            await natsconn.close(nc)
+        if connection is not None:
+            await connection.close()
         if api is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):

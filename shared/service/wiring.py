@@ -87,10 +87,11 @@ class InProcess:
         self._services: list[Service] = []
         self._closers: list[Callable[[], Awaitable[object]]] = []
 
-    async def nats(self, name: str, hooks: list[natsconn.ReconnectHook] | None = None) -> Client:
-        nc = await natsconn.connect(self.nats_url, name, on_reconnect=hooks)
-        self._closers.append(nc.close)
-        return nc
+    async def nats(self, name: str) -> natsconn.NatsConnection:
+        """A connection of this process's, closed (not drained) by `close`."""
+        connection = await natsconn.connect(self.nats_url, name)
+        self._closers.append(connection.client.close)
+        return connection
 
     async def kube(self, component: str) -> Kube:
         if self.kubeconfig is None:
@@ -109,14 +110,12 @@ class InProcess:
         hooks: list[natsconn.ReconnectHook] | None = None,
     ) -> S:
         """Build and start one service. `hooks` run after the service's own reconnect hook."""
-        on_reconnect: list[natsconn.ReconnectHook] = []
-        nc = await self.nats(client_name or spec.name, on_reconnect)
+        connection = await self.nats(client_name or spec.name)
         kube = await self.kube(spec.name) if spec.use_kube and self.kubeconfig else None
-        service = spec.make(nc, kube, registry, readiness)
-        hook = reconnect_hook(service)
-        if hook is not None:
-            on_reconnect.append(hook)
-        on_reconnect.extend(hooks or [])
+        service = spec.make(connection.client, kube, registry, readiness)
+        for hook in (reconnect_hook(service), *(hooks or [])):
+            if hook is not None:
+                connection.on_reconnect(hook)
         self._services.append(service)
         await service.start()
         return service

@@ -297,7 +297,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     readiness = Readiness("node")
     health = HealthServer(registry, readiness, "0.0.0.0", args.metrics_port)
     await health.start()
-    nc = await natsconn.connect(args.nats_url, "sim-node", initial_timeout=60)
+    nc = (await natsconn.connect(args.nats_url, "sim-node", initial_timeout=60)).client
     api = await api_client(args.kubeconfig)
     kube = kube_io.Kube(api, "numafit-sim-node")
     policy = TopologyPolicy(args.topology_policy)

@@ -96,11 +96,15 @@ class Hostile:
     scheduler: ServiceProcess
     listen_port: int
     session: aiohttp.ClientSession
-    nc: Client
+    connection: natsconn.NatsConnection
     requester: Requester
     refit_probe_uid: str
     bind_probe_uid: str
     filter_probe_uid: str
+
+    @property
+    def nc(self) -> Client:
+        return self.connection.client
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
         return self.loop.run(coro, timeout)
@@ -283,7 +287,7 @@ def pending_gpu_pod(name: str) -> dict[str, Any]:
 
 async def _open(
     nats_url: str, workdir: Path, emulator: KubeEmulator
-) -> tuple[Kube, aiohttp.ClientSession, Client, Requester, dict[str, str]]:
+) -> tuple[Kube, aiohttp.ClientSession, natsconn.NatsConnection, Requester, dict[str, str]]:
     await emulator.start()
     kubeconfig = emulator.write_kubeconfig(workdir / "kubeconfig")
     kube = await kube_for(kubeconfig)
@@ -297,8 +301,8 @@ async def _open(
         "bind": bind_probe["metadata"]["uid"],
     }
     session = aiohttp.ClientSession()
-    nc = await natsconn.connect(nats_url, "chaos-hostile")
-    return kube, session, nc, Requester(nats_url), uids
+    connection = await natsconn.connect(nats_url, "chaos-hostile")
+    return kube, session, connection, Requester(nats_url), uids
 
 
 def open_hostile(workdir: Path) -> Iterator[Hostile]:
@@ -316,7 +320,7 @@ def open_hostile(workdir: Path) -> Iterator[Hostile]:
 def _serve(
     loop: LoopThread, broker: NatsServer, emulator: KubeEmulator, workdir: Path
 ) -> Iterator[Hostile]:
-    kube, session, nc, requester, uids = loop.run(_open(broker.url, workdir, emulator))
+    kube, session, connection, requester, uids = loop.run(_open(broker.url, workdir, emulator))
     kubeconfig = workdir / "kubeconfig"
     accounting = service("accounting", broker.url, kubeconfig, workdir)
     refit = service("refit", broker.url, kubeconfig, workdir)
@@ -331,7 +335,7 @@ def _serve(
         sched,
         listen_port,
         session,
-        nc,
+        connection,
         requester,
         uids["refit"],
         uids["bind"],
@@ -352,6 +356,6 @@ def _serve(
 
 async def _close(env: Hostile) -> None:
     await env.requester.close()
-    await natsconn.close(env.nc)
+    await env.connection.close()
     await env.session.close()
     await env.kube.api.close()

@@ -60,7 +60,8 @@ async def test_ledger_equals_the_annotations_after_accounting_is_killed_during_m
         kube = await kube_for(kubeconfig)
         accounting = service("accounting", nats_url, kubeconfig, tmp_path)
         refit = service("refit", nats_url, kubeconfig, tmp_path)
-        nc = await natsconn.connect(nats_url, "chaos-kills")
+        connection = await natsconn.connect(nats_url, "chaos-kills")
+        nc = connection.client
         try:
             await create(kube, "node", node("node-1", [gpu("GPU-a", 0), gpu("GPU-b", 1)]))
             pods = [
@@ -118,7 +119,7 @@ async def test_ledger_equals_the_annotations_after_accounting_is_killed_during_m
                 await wait_for(consistent, within=10)
             ledger, annotated, gauges, summed, current = await view()
         finally:
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit, accounting])
             await kube.api.close()
 

@@ -136,7 +136,8 @@ async def test_replicas_survive_kills_and_a_nats_server_loss_without_drift(
             ]
             for proc in refits:
                 proc.log_dir.mkdir(exist_ok=True)
-            nc: Client = await natsconn.connect(cluster.url, "chaos-replicas")
+            connection = await natsconn.connect(cluster.url, "chaos-replicas")
+            nc: Client = connection.client
             client = RawAccounting(nc)
             kills: list[tuple[str, float]] = []
             takeovers: list[float] = []
@@ -268,7 +269,7 @@ async def test_replicas_survive_kills_and_a_nats_server_loss_without_drift(
             finally:
                 stop.set()
                 with contextlib.suppress(Exception):
-                    await natsconn.close(nc)
+                    await connection.close()
                 stop_all([*refits, *replicas.values()])
                 await kube.api.close()
 

@@ -117,8 +117,10 @@ async def test_pods_being_admitted_survive_an_accounting_takeover(
             replicas[owner_name],
             next(p for n, p in replicas.items() if n != owner_name),
         )
-        nc: Client = await natsconn.connect(nats_url, "chaos-takeover")
-        plugin_nc: Client = await natsconn.connect(nats_url, "deviceplugin")
+        connection = await natsconn.connect(nats_url, "chaos-takeover")
+        nc: Client = connection.client
+        plugin_connection = await natsconn.connect(nats_url, "deviceplugin")
+        plugin_nc: Client = plugin_connection.client
         client = RawAccounting(nc)
         kubelet = KubeletEmulator(
             KubeletConfig(
@@ -210,8 +212,8 @@ async def test_pods_being_admitted_survive_an_accounting_takeover(
         finally:
             await plugin.stop(1.0)
             await kubelet.stop()
-            await natsconn.close(plugin_nc)
-            await natsconn.close(nc)
+            await plugin_connection.close()
+            await connection.close()
             stop_all(replicas.values())
             await kube.api.close()
             shutil.rmtree(directory, ignore_errors=True)

@@ -206,7 +206,8 @@ async def test_a_write_whose_answer_did_not_come_keeps_its_claim_until_settled(
         kube = await kube_for(kubeconfig)
         accounting = service("accounting", nats_url, kubeconfig, tmp_path, "--partitions", "0")
         refit_service = service("refit", nats_url, kubeconfig, tmp_path)
-        nc = await natsconn.connect(nats_url, "chaos-fencing")
+        connection = await natsconn.connect(nats_url, "chaos-fencing")
+        nc = connection.client
         try:
             movers, _ = await seed(kube, holds=0, movers=4)
             x, *others = movers
@@ -227,7 +228,7 @@ async def test_a_write_whose_answer_did_not_come_keeps_its_claim_until_settled(
             await wait_for(lambda: emulator.faults.in_flight == 0, within=15)
             current = await list_pods(kube)
         finally:
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit_service, accounting])
             await kube.api.close()
     context = f"x: {first}; others: {replies}\n{accounting.tail()}"
@@ -257,7 +258,8 @@ async def test_a_joining_replica_answers_nothing_the_owner_answered(
         bucket = f"fencing-join-{tmp_path.name[-30:]}"
         a = replica(first, nats_url, kubeconfig, tmp_path, bucket)
         b = replica(second, nats_url, kubeconfig, tmp_path, bucket)
-        nc = await natsconn.connect(nats_url, "chaos-fencing")
+        connection = await natsconn.connect(nats_url, "chaos-fencing")
+        nc = connection.client
         answers = Answers(nc)
         try:
             movers, held = await seed(kube, holds=3, movers=60)
@@ -295,7 +297,7 @@ async def test_a_joining_replica_answers_nothing_the_owner_answered(
                 await wait_for(lambda: bool(answers.twice()), within=3)
             current = await list_pods(kube)
         finally:
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([b, a])
             await kube.api.close()
     context = f"twice: {answers.twice()}\nA:\n{a.tail(20)}\nB:\n{b.tail(20)}"
@@ -323,7 +325,8 @@ async def test_a_paused_owner_carries_out_nothing_it_reads_late(
         a = replica(first, nats_url, kubeconfig, tmp_path, bucket)
         b = replica(second, nats_url, kubeconfig, tmp_path, bucket)
         refit_service = service("refit", nats_url, kubeconfig, tmp_path)
-        nc = await natsconn.connect(nats_url, "chaos-fencing")
+        connection = await natsconn.connect(nats_url, "chaos-fencing")
+        nc = connection.client
         answers = Answers(nc)
         paused = False
         try:
@@ -377,7 +380,7 @@ async def test_a_paused_owner_carries_out_nothing_it_reads_late(
         finally:
             if paused and a.process is not None:
                 a.process.send_signal(signal.SIGCONT)
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit_service, b, a])
             await kube.api.close()
     context = f"answers {dict(answers.got)}\nA:\n{a.tail(30)}\nB:\n{b.tail(20)}"
@@ -404,7 +407,8 @@ async def test_an_owner_paused_with_its_write_in_flight_never_lets_it_land_late(
         a = replica(first, nats_url, kubeconfig, tmp_path, bucket)
         b = replica(second, nats_url, kubeconfig, tmp_path, bucket)
         refit_service = service("refit", nats_url, kubeconfig, tmp_path)
-        nc = await natsconn.connect(nats_url, "chaos-fencing")
+        connection = await natsconn.connect(nats_url, "chaos-fencing")
+        nc = connection.client
         paused = False
         replies: dict[str, dict[str, Any]] = {}
         try:
@@ -451,7 +455,7 @@ async def test_an_owner_paused_with_its_write_in_flight_never_lets_it_land_late(
         finally:
             if paused and a.process is not None:
                 a.process.send_signal(signal.SIGCONT)
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit_service, b, a])
             await kube.api.close()
     context = f"replies {replies}\nA:\n{a.tail(30)}\nB:\n{b.tail(30)}"

@@ -98,7 +98,8 @@ async def test_a_connection_closed_for_good_fails_readiness_and_exits_1(tmp_path
             refit = service("refit", url["refit"], kubeconfig, tmp_path)
             sched, _ = scheduler(url["scheduler"], kubeconfig, tmp_path)
             procs = [accounting, refit, sched]
-            nc = await natsconn.connect(url["test"], "chaos-test")
+            connection = await natsconn.connect(url["test"], "chaos-test")
+            nc = connection.client
             try:
                 await create(kube, "node", node("node-1", [gpu("GPU-a", 0), gpu("GPU-b", 1)]))
                 victim = await create(kube, "pod", reserved_pod("victim", "GPU-a", 1000, 10))
@@ -137,7 +138,7 @@ async def test_a_connection_closed_for_good_fails_readiness_and_exits_1(tmp_path
                 await asyncio.gather(move, return_exceptions=True)
                 after = await kube.get_pod("ml", "victim")
             finally:
-                await natsconn.close(nc)
+                await connection.close()
                 stop_all(procs)
                 await kube.api.close()
 

@@ -48,7 +48,8 @@ async def test_200_refits_for_room_for_3(nats_url: str, tmp_path: Path) -> None:
         kube = await kube_for(kubeconfig)
         accounting = service("accounting", nats_url, kubeconfig, tmp_path)
         refit = service("refit", nats_url, kubeconfig, tmp_path)
-        nc = await natsconn.connect(nats_url, "chaos-contention")
+        connection = await natsconn.connect(nats_url, "chaos-contention")
+        nc = connection.client
         try:
             gpus = [
                 gpu("GPU-a", 0, mem=POD_MEM * PODS, count=PODS),
@@ -82,7 +83,7 @@ async def test_200_refits_for_room_for_3(nats_url: str, tmp_path: Path) -> None:
                 for p in await list_pods(kube)
             )
         finally:
-            await natsconn.close(nc)
+            await connection.close()
             stop_all([refit, accounting])
             await kube.api.close()
 

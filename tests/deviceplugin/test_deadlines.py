@@ -164,8 +164,8 @@ async def fake_node(
         delays=dict(delays or {}),
     )
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="nf-"))
-    fakes_nc = await natsconn.connect(nats_url, "fakes")
-    plugin_nc = await natsconn.connect(nats_url, "deviceplugin")
+    fakes_nc = (await natsconn.connect(nats_url, "fakes")).client
+    plugin_nc = (await natsconn.connect(nats_url, "deviceplugin")).client
     kubelet = KubeletEmulator(
         KubeletConfig(
             directory=directory, topology_policy=TopologyPolicy.SINGLE_NUMA_NODE, cpus={0: 8}

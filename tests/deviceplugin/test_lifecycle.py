@@ -42,7 +42,7 @@ class BrokenHealth:
 
 async def test_a_dead_health_loop_fails_readiness(nats_url: str) -> None:
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="nf-"))
-    nc = await natsconn.connect(nats_url, "deviceplugin")
+    nc = (await natsconn.connect(nats_url, "deviceplugin")).client
     readiness = Readiness("registered")
     plugin = DevicePluginService(
         PluginConfig(node="broken-node", directory=directory),
@@ -86,7 +86,7 @@ class NoHealthEvents(BrokenHealth):
 async def test_no_health_events_disables_health_checks_but_keeps_serving(nats_url: str) -> None:
     """As NVIDIA's plugin: a driver without events is not a reason to crash-loop."""
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="nf-"))
-    nc = await natsconn.connect(nats_url, "deviceplugin")
+    nc = (await natsconn.connect(nats_url, "deviceplugin")).client
     readiness = Readiness("registered")
     plugin = DevicePluginService(
         PluginConfig(node="no-events-node", directory=directory),

@@ -58,10 +58,13 @@ async def test_sim_node_logs_real_refits_and_publishes_node_resource_topology(
         async with harness(nats_url, tmp_path, []) as h:
             kube = await h._kube("s")
             scheduler = SchedulerService(
-                await natsconn.connect(nats_url, "scheduler"), kube, host="127.0.0.1", port=0
+                (await natsconn.connect(nats_url, "scheduler")).client,
+                kube,
+                host="127.0.0.1",
+                port=0,
             )
             await scheduler.start()
-            plugin_nc = await natsconn.connect(nats_url, "plugin")
+            plugin_nc = (await natsconn.connect(nats_url, "plugin")).client
             plugin = DevicePluginService(
                 PluginConfig(node="sim-node-1", directory=directory, watch_interval=0.05),
                 plugin_nc,

@@ -52,8 +52,8 @@ class Harness:
     async def _kube(self, component: str) -> Kube:
         return await self.wiring.kube(component)
 
-    async def _nats(self, name: str, hooks: list[natsconn.ReconnectHook] | None = None) -> Client:
-        return await self.wiring.nats(name, hooks)
+    async def _nats(self, name: str) -> Client:
+        return (await self.wiring.nats(name)).client
 
     async def start(self) -> None:
         self.kube = await self._kube("test")

@@ -207,7 +207,8 @@ async def test_racing_commits_from_two_replicas_never_over_commit_a_gpu(
 
 async def test_without_jetstream_the_leases_say_how_to_run() -> None:
     with NatsServer(jetstream=False) as broker:
-        nc = await natsconn.connect(broker.url, "no-jetstream")
+        connection = await natsconn.connect(broker.url, "no-jetstream")
+        nc = connection.client
         try:
 
             async def nothing(_: object) -> None:
@@ -217,4 +218,4 @@ async def test_without_jetstream_the_leases_say_how_to_run() -> None:
             with pytest.raises(ConnectionError, match=r"JetStream is not enabled.*--partitions 0"):
                 await leases.open(within=0.3)
         finally:
-            await natsconn.close(nc)
+            await connection.close()

@@ -83,7 +83,7 @@ def port_of(nc: Client) -> int:
 async def connect(cluster: NatsCluster, member: int, name: str) -> Client:
     """A service-style connection given one member's URL only: it learns the others from
     the cluster and fails over to them."""
-    nc = await natsconn.connect(cluster.urls[member], name)
+    nc = (await natsconn.connect(cluster.urls[member], name)).client
     assert cluster.member_of(port_of(nc)) == member
     return nc
 
@@ -128,8 +128,8 @@ async def test_a_replicated_bucket_is_shared_by_every_member(cluster: NatsCluste
 async def test_a_url_list_gives_the_client_every_member(cluster: NatsCluster) -> None:
     """`--nats-url a,b,c` becomes nats-py's `servers=[a, b, c]` (natsconn splits the list;
     nats-py would not), and the cluster tells the client of the members it was not given."""
-    listed = await natsconn.connect(f" {cluster.urls[0]} , {cluster.urls[1]},", "listed")
-    solo = await natsconn.connect(cluster.urls[2], "solo")
+    listed = (await natsconn.connect(f" {cluster.urls[0]} , {cluster.urls[1]},", "listed")).client
+    solo = (await natsconn.connect(cluster.urls[2], "solo")).client
     try:
         hosts = [f"127.0.0.1:{member.port}" for member in cluster.members]
         # The members a client was not given arrive in an INFO update of the server it is on.
@@ -239,7 +239,9 @@ async def test_requests_fail_over_when_the_responders_or_the_requesters_server_d
     cluster = fresh_cluster
     responder = await connect(cluster, 0, "responder")
     requester = await connect(cluster, 1, "requester")
-    listed = await natsconn.connect(cluster.url, "listed")  # the whole comma-separated list
+    listed = (
+        await natsconn.connect(cluster.url, "listed")
+    ).client  # the whole comma-separated list
 
     async def pong(msg: Any) -> None:
         await msg.respond(b"pong")
@@ -316,15 +318,14 @@ class Stack:
         await h.create("node", node("node-1", [gpu("GPU-a", 1), gpu("GPU-b", 0)]))
         for name in PODS:
             self.pods[name] = await h.create("pod", for_create(refit_pod(name)))
-        h.client_nc = await h.wiring.nats("test-client")
+        h.client_nc = (await h.wiring.nats("test-client")).client
         h.accounting = await self.accounting_side.start(
             accounting_service.spec(h.accounting_options), client_name="accounting"
         )
         h.refit = await self.refit_side.start(refit_service.spec(), client_name="refit")
-        hooks: list[natsconn.ReconnectHook] = []
-        reader_nc = await self.refit_side.nats("scheduler", hooks)
-        self.read_model = ReadModel(reader_nc, AccountingClient(reader_nc))
-        hooks.append(self.read_model.on_reconnect)  # as svc_scheduler wires it
+        reader = await self.refit_side.nats("scheduler")
+        self.read_model = ReadModel(reader.client, AccountingClient(reader.client))
+        reader.on_reconnect(self.read_model.on_reconnect)  # as svc_scheduler wires it
         await self.read_model.start()
         async with asyncio.timeout(10):
             await self.read_model.ready.wait()

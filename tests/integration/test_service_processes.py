@@ -75,7 +75,7 @@ async def test_services_run_probe_serve_and_drain(
     await wait_for(lambda: ready(refit_port), within=30)
     assert (await get(f"http://127.0.0.1:{accounting_port}/healthz"))[0] == 200
 
-    nc = await natsconn.connect(nats_url, "test")
+    nc = (await natsconn.connect(nats_url, "test")).client
     try:
         body = {
             "podUID": created["metadata"]["uid"],

@@ -186,13 +186,17 @@ async def served_request(nc: Any, subject: str, within: float = 5.0) -> Any:
 async def test_a_node_reaches_only_its_own_subjects(cluster: NatsCluster) -> None:
     clients: list[Client] = []
     try:
-        accounting = await natsconn.connect(
-            url(cluster, "accounting"), "accounting", inbox_prefix=inbox("accounting")
-        )
-        refit = await natsconn.connect(url(cluster, "refit"), "refit", inbox_prefix="_INBOX_refit")
-        node1 = await natsconn.connect(
-            url(cluster, "node-1"), "node-1", inbox_prefix="_INBOX_node-1"
-        )
+        accounting = (
+            await natsconn.connect(
+                url(cluster, "accounting"), "accounting", inbox_prefix=inbox("accounting")
+            )
+        ).client
+        refit = (
+            await natsconn.connect(url(cluster, "refit"), "refit", inbox_prefix="_INBOX_refit")
+        ).client
+        node1 = (
+            await natsconn.connect(url(cluster, "node-1"), "node-1", inbox_prefix="_INBOX_node-1")
+        ).client
         clients = [accounting, refit, node1]
 
         for op in subjects.ACCOUNTING_OPS:
@@ -518,14 +522,15 @@ async def test_accounting_trusts_its_answers_only_where_the_broker_takes_them(
     """svc_accounting/relay.py with the accounting credentials: a node inbox prefix the sample
     grants is trusted after one answer; one it does not grant (node-3 has no line) is known
     refused, so the refit keeps answering there itself."""
-    nc = await natsconn.connect(
+    connection = await natsconn.connect(
         url(cluster, "accounting"), "accounting", inbox_prefix=inbox("accounting")
     )
+    nc = connection.client
     try:
         relay = AnswerRelay(nc)
         relay.watch()
         refused = asyncio.Event()
-        natsconn.on_error(nc, lambda text: refused.set())  # told after the relay
+        connection.on_error(lambda text: refused.set())  # told after the relay
         granted, denied = "_INBOX_node-1.probe.1", "_INBOX_node-3.probe.1"
 
         assert relay.allowed(granted) is None and relay.needs_check(granted)

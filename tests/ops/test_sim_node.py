@@ -43,13 +43,13 @@ async def test_sim_node_places_pods_through_the_real_services(
     try:
         async with harness(nats_url, tmp_path, []) as h:
             scheduler = SchedulerService(
-                await natsconn.connect(nats_url, "scheduler"),
+                (await natsconn.connect(nats_url, "scheduler")).client,
                 await h._kube("s"),
                 host="127.0.0.1",
                 port=0,
             )
             await scheduler.start()
-            plugin_nc = await natsconn.connect(nats_url, "plugin")
+            plugin_nc = (await natsconn.connect(nats_url, "plugin")).client
             plugin = DevicePluginService(
                 PluginConfig(node="sim-node-1", directory=directory, watch_interval=0.05),
                 plugin_nc,

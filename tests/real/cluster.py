@@ -144,7 +144,7 @@ def reserved_memory(stack: NumafitStack, node: str) -> dict[str, float]:
 
 
 async def _call(url: str, op: str, node: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    nc = await natsconn.connect(url, "real-tier-test")
+    nc = (await natsconn.connect(url, "real-tier-test")).client
     try:
         return await RawAccounting(nc, default_timeout=5.0).call(op, node, body)
     finally:

@@ -32,7 +32,7 @@ KUBE_SCHEDULER = f"{chart.RELEASE}-scheduler-kube-scheduler"
 
 
 async def refit(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    nc = await natsconn.connect(url, "real-tier-test")
+    nc = (await natsconn.connect(url, "real-tier-test")).client
     try:
         msg = await natsconn.request(nc, subjects.refit(body["nodeName"]), orjson.dumps(body), 5)
         reply: dict[str, Any] = orjson.loads(msg.data)

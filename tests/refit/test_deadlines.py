@@ -53,7 +53,7 @@ Handler = Callable[[Msg], Awaitable[None]]
 @asynccontextmanager
 async def fake_accounting(url: str, handlers: dict[str, Handler]) -> AsyncIterator[Client]:
     """A stand-in accounting replica answering only the operations in `handlers`."""
-    nc = await natsconn.connect(url, "fake-accounting")
+    nc = (await natsconn.connect(url, "fake-accounting")).client
     try:
         for op, handler in handlers.items():
             await nc.subscribe(
@@ -76,7 +76,7 @@ async def _ignore(_: Msg) -> None:
 
 @asynccontextmanager
 async def client(url: str) -> AsyncIterator[Client]:
-    nc = await natsconn.connect(url, "test-client")
+    nc = (await natsconn.connect(url, "test-client")).client
     try:
         yield nc
     finally:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 @pytest.fixture
 async def broken(nats_url: str) -> AsyncIterator[Client]:
     """A real connection whose socket breaks under every publish, as a killed server's did."""
-    nc = await natsconn.connect(nats_url, "broken")
+    nc = (await natsconn.connect(nats_url, "broken")).client
 
     async def reset(*args: Any, **kwargs: Any) -> Any:
         raise ConnectionResetError("Connection lost")
@@ -66,8 +66,8 @@ async def test_the_accounting_client_says_unavailable_when_the_socket_breaks(
 
 async def test_a_request_nobody_answers_in_time_is_still_a_timeout(nats_url: str) -> None:
     """`TimeoutError` is an `OSError` too: it must stay a timeout, not become a lost socket."""
-    requester = await natsconn.connect(nats_url, "requester")
-    responder = await natsconn.connect(nats_url, "responder")
+    requester = (await natsconn.connect(nats_url, "requester")).client
+    responder = (await natsconn.connect(nats_url, "responder")).client
 
     async def silent(msg: Any) -> None:
         return None

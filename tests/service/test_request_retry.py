@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 async def test_a_responder_that_appears_after_a_no_responders_answer_is_reached(
     nats_url: str,
 ) -> None:
-    requester = await natsconn.connect(nats_url, "requester")
-    responder = await natsconn.connect(nats_url, "responder")
+    requester = (await natsconn.connect(nats_url, "requester")).client
+    responder = (await natsconn.connect(nats_url, "responder")).client
     attempts = 0
     original = requester.request
 
@@ -49,7 +49,7 @@ async def test_a_responder_that_appears_after_a_no_responders_answer_is_reached(
 async def test_a_subject_nobody_serves_fails_after_the_grace_not_the_budget(
     nats_url: str,
 ) -> None:
-    requester = await natsconn.connect(nats_url, "requester")
+    requester = (await natsconn.connect(nats_url, "requester")).client
     try:
         with pytest.raises(nats.errors.NoRespondersError):
             async with asyncio.timeout(2.0):  # the budget below is 30 s

@@ -191,7 +191,7 @@ class RealNode:
 
     def accounting(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         async def call() -> dict[str, Any]:
-            nc = await natsconn.connect(self.stack.nats_url, "kubelet-tier")
+            nc = (await natsconn.connect(self.stack.nats_url, "kubelet-tier")).client
             try:
                 return await RawAccounting(nc, default_timeout=5.0).call(op, NODE, body)
             finally:

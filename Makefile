@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup test lint typecheck imports unit demo clean test-real
+.PHONY: setup test lint typecheck imports unit pytest demo clean test-real
 
 setup: $(STAMP)
 
@@ -25,10 +25,15 @@ typecheck: setup
 imports: setup
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
+# The pure tier only (tests/tiers.py: tests that start nothing), in well under a minute.
 unit: setup
+	$(VENV)/bin/pytest -q -m pure
+
+# Every tier (`-m services`, `e2e`, `chaos`, `ops`, `real` pick one).
+pytest: setup
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck imports unit
+test: lint typecheck imports pytest
 
 # The real tier alone (tests/real): upstream etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler and kubelet from the folder KUBEBUILDER_ASSETS names (envtest's convention),

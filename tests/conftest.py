@@ -12,10 +12,20 @@ from typing import TYPE_CHECKING
 import pytest
 
 from shared.nats_server import NatsServer, environment_has_docker
+from tests import tiers
 
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterator
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.register(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its tier's marker (tests/tiers.py): `pytest -m pure` is `make unit`."""
+    tiers.mark(items)
 
 
 def _container_url() -> Iterator[str] | None:

@@ -144,7 +144,8 @@ class AccountingMetrics:
             "guarded write of accounting's own made the late one impossible), landed, changed "
             "(the pod changed meanwhile, so it could not land), gone (the pod was deleted), "
             "superseded (a takeover found a previous owner's recorded write and the pod had "
-            "moved on: it can no longer land).",
+            "moved on: it can no longer land), unknown (the partition changed hands while it "
+            "was settled and the pod changed: not answered).",
             ["outcome"],
             registry=self.registry,
         )

@@ -183,6 +183,13 @@ class ReadTooLate(Exception):
     another replica may have answered it while this one was paused, so it gets no answer."""
 
 
+class Unanswerable(Exception):
+    """Nothing true can be said any more: this replica lost the node's partition while it
+    settled a write (it was paused), and the pod changed meanwhile, so whether its write
+    landed before that is not known here. No answer (the caller's deadline has long passed);
+    the next owner's ledger, built from the API server, has what landed."""
+
+
 def _answer(r: MoveRequest) -> tuple[str, bytes] | None:
     """The answer a move carries for the refit's requester, checked before anything is done:
     a reply subject (never a service's subject) and a bounded JSON object, or neither."""
@@ -412,7 +419,8 @@ class Operations:
                     f"only {int(left * 1000)} ms of the caller's budget left after recording the "
                     "write's intent; nothing was written",
                 )
-            return await self._send(pod, annotations, left, settle)
+            epoch = self.ledger.epoch_of(node) if node else ""
+            return await self._send(pod, annotations, left, settle, epoch)
         except asyncio.CancelledError:
             intent = None  # outcome unknown: left for whoever takes the partition over next
             raise
@@ -444,7 +452,12 @@ class Operations:
             raise Refused(Code.NODE_UNAVAILABLE, f"{exc}; nothing was written, retry") from exc
 
     async def _send(
-        self, pod: PodInfo, annotations: Mapping[str, str | None], budget: float, settle: bool
+        self,
+        pod: PodInfo,
+        annotations: Mapping[str, str | None],
+        budget: float,
+        settle: bool,
+        epoch: str,
     ) -> tuple[PodInfo, set[str]]:
         try:
             async with asyncio.timeout(budget):
@@ -453,7 +466,7 @@ class Operations:
                 )
         except TimeoutError as exc:
             if settle:
-                return await self._settle(pod, annotations, budget)
+                return await self._settle(pod, annotations, budget, epoch)
             raise Refused(
                 Code.DEADLINE_EXCEEDED, f"patch of pod {pod.key} did not finish in {budget:.3f}s"
             ) from exc
@@ -466,7 +479,7 @@ class Operations:
             if settle and exc.outcome_unknown:
                 # No answer after the request left (a reset connection, the server's 504):
                 # it may still be committed, so it is settled like a timeout.
-                return await self._settle(pod, annotations, budget, cause=str(exc))
+                return await self._settle(pod, annotations, budget, epoch, cause=str(exc))
             raise Refused(Code.API_ERROR, f"cannot patch pod annotations: {exc}") from exc
         try:
             written = pod_from_object(body)
@@ -481,6 +494,7 @@ class Operations:
         pod: PodInfo,
         annotations: Mapping[str, str | None],
         waited: float,
+        epoch: str,
         *,
         cause: str | None = None,
     ) -> tuple[PodInfo, set[str]]:
@@ -509,7 +523,7 @@ class Operations:
                 )
                 if fresh is None:  # pragma: no cover - a read never conflicts
                     raise AssertionError("a read answered 409")
-                return self._landed_or_not(pod, fresh, annotations, waited)
+                return self._landed_or_not(pod, fresh, annotations, waited, epoch)
         finally:
             self.settling.discard(pod.uid)
         self._observe(fenced)
@@ -602,8 +616,12 @@ class Operations:
         fresh: PodInfo,
         annotations: Mapping[str, str | None],
         waited: float,
+        epoch: str,
     ) -> tuple[PodInfo, set[str]]:
-        """The pod as read after the fence conflicted: did the write land?"""
+        """The pod as read after the fence conflicted: did the write land? While this replica
+        kept the node's partition, only its own writes change these annotations (one at a
+        time, under the node's lock), so annotations other than the write's mean it did not
+        land. Once the partition changed hands, another owner may have written over it."""
         changed = self._observe(fresh)
         if all(fresh.annotations.get(k) == v for k, v in annotations.items()):
             self._settled("landed")
@@ -612,6 +630,10 @@ class Operations:
                 extra={"pod": pod.key, "waited_s": round(waited, 3)},
             )
             return fresh, changed
+        node = _NODE.get()
+        if node and (not self.serves(node) or self.ledger.epoch_of(node) != epoch):
+            self._settled("unknown")
+            raise Unanswerable(pod.key)
         self._settled("changed")
         raise Refused(
             Code.CONFLICT,

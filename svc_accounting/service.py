@@ -58,6 +58,7 @@ from svc_accounting.operations import (
     NotAddressed,
     Operations,
     ReadTooLate,
+    Unanswerable,
     bounded,
 )
 from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
@@ -669,7 +670,7 @@ class AccountingService:
             data = messages.encode(reply)
         except NotAddressed:
             return  # a page of `_all` asked of another replica
-        except ReadTooLate:
+        except (ReadTooLate, Unanswerable):
             self._warn_late(op)
             return
         except Exception:
@@ -736,8 +737,9 @@ class AccountingService:
         now = time.monotonic()
         if now - self._late_warned_at >= LATE_WARN_EVERY:
             log.warning(
-                "requests read after their deadline were dropped unanswered: this replica was "
-                "paused, a takeover kept them too long, or clocks disagree (NTP)",
+                "requests past their deadline were dropped unanswered (read late, or settled "
+                "after losing the partition): this replica was paused, a takeover kept them "
+                "too long, or clocks disagree (NTP)",
                 extra={"op": op, "dropped": self._late_dropped},
             )
             self._late_warned_at = now

@@ -78,6 +78,7 @@ HOLDERS_PER_NODE = 2
 LEASE_TTL = 3.0
 PARTITIONS = 4
 DEADLINE_S = 1.5
+LAG_TICK = 0.05
 ANSWER_GRACE_S = 12.0
 """How long after its deadline an answer is still counted (a paused replica's comes late)."""
 
@@ -128,9 +129,12 @@ class Report:
     unanswered: int = 0
     commits_after_refusal: int = 0
     unasked_commits: int = 0
+    writes_seen_after_deadline: int = 0
+    """Writes the emulator read after their request's deadline, however late it read them."""
     writes_sent_after_deadline: int = 0
-    """Writes that reached the API server after their request's deadline (the sender was
-    stopped between its last check and the send): harmless while none of them lands."""
+    """The same, less the emulator's own lateness (its event loop's lag then, on a busy
+    machine): writes that left their sender after the deadline (it was stopped between its
+    last check and the send): harmless while none of them lands."""
     late_sent_landed: int = 0
     late_unacknowledged: int = 0
     """Landed after the deadline, sent before it, unanswered (its sender was stopped)."""
@@ -138,6 +142,9 @@ class Report:
     overcommitted_moments: int = 0
     acknowledged_missing: int = 0
     ledger_differs: list[str] = field(default_factory=list)
+    max_loop_lag_s: float = 0.0
+    """The longest this process's event loop (the API emulator's too) fell behind: a write
+    the emulator reads late is timed late, whoever sent it."""
     logged: Counter[str] = field(default_factory=Counter)
     """What the accounting replicas' own logs say happened (takeovers, settled writes)."""
     problems: list[str] = field(default_factory=list)
@@ -166,6 +173,7 @@ class Report:
             "unanswered": self.unanswered,
             "commits_after_refusal": self.commits_after_refusal,
             "unasked_commits": self.unasked_commits,
+            "writes_seen_after_deadline": self.writes_seen_after_deadline,
             "writes_sent_after_deadline": self.writes_sent_after_deadline,
             "late_sent_landed": self.late_sent_landed,
             "late_unacknowledged": self.late_unacknowledged,
@@ -173,6 +181,7 @@ class Report:
             "overcommitted_moments": self.overcommitted_moments,
             "acknowledged_missing": self.acknowledged_missing,
             "ledger_differs": self.ledger_differs,
+            "max_loop_lag_s": round(self.max_loop_lag_s, 3),
             "logged": dict(self.logged),
             "problems": self.problems[:20],
         }
@@ -205,6 +214,8 @@ class CombinedRun:
         self._arrived_wall: dict[str, float] = {}
         """The same, as Unix time (to find it in the replicas' logs)."""
         self._pauses: set[asyncio.Future[None]] = set()
+        self._lags: list[tuple[float, float]] = []
+        """(when, how long) each time this event loop woke late."""
         self._holders: set[str] = set()
         """UIDs of the pods only reserved for (holds are unwritten: not in the annotations)."""
         self._stop = asyncio.Event()
@@ -454,6 +465,22 @@ class CombinedRun:
                     outlive_client=True,
                 )
 
+    async def _lag(self) -> None:
+        """How late this event loop wakes from a short sleep (a busy machine delays the API
+        emulator's reads, which then look like late writes)."""
+        while not self._stop.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(LAG_TICK)  # the probe itself: a timer of known length
+            lag = time.monotonic() - before - LAG_TICK
+            self.report.max_loop_lag_s = max(self.report.max_loop_lag_s, lag)
+            if lag > LAG_TICK:
+                self._lags.append((time.monotonic(), lag))
+
+    def _lag_near(self, at: float) -> float:
+        """The longest loop lag seen within a second of `at` (a write read at `at` may have
+        waited that long in the emulator's socket before it was read)."""
+        return max((lag for when, lag in self._lags if abs(when - at) <= 1.0), default=0.0)
+
     async def _pause(self, i: int, seconds: float) -> None:
         proc = self.replicas[i]
         if proc.process is None or proc.process.poll() is not None:
@@ -494,6 +521,7 @@ class CombinedRun:
             tasks += [asyncio.ensure_future(self._reserver(nc, client, n)) for n in NODES]
             tasks.append(asyncio.ensure_future(self._refitter(nc)))
             tasks.append(asyncio.ensure_future(self._faults()))
+            tasks.append(asyncio.ensure_future(self._lag()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), seconds)
             self._stop.set()
@@ -594,13 +622,16 @@ class CombinedRun:
             arrived = self._arrived.get(inbox)
             acked = first is not None and first.get("ok") is True
             if arrived is not None and arrived > sent.deadline:
+                r.writes_seen_after_deadline += 1
+            if arrived is not None and arrived - self._lag_near(arrived) > sent.deadline:
                 r.writes_sent_after_deadline += 1
                 if committed is not None:
                     r.late_sent_landed += 1
                     r.problems.append(
                         f"{sent.pod} -> {sent.target} ({inbox}) written "
                         f"+{arrived - sent.sent_at:.2f}s after it was sent, past its deadline, "
-                        f"and landed (at {self._arrived_wall[inbox]:.3f})"
+                        f"and landed (at {self._arrived_wall[inbox]:.3f}; the emulator's loop "
+                        f"lag then {self._lag_near(arrived):.2f}s)"
                     )
             if committed is not None and first is not None and not acked:
                 r.commits_after_refusal += 1

@@ -1,9 +1,10 @@
 """Server-side field validation: unknown fields dropped, warned about or refused, as asked.
 
 fieldValidation=Strict refuses a body with an unknown field (400), Warn (the default) stores it
-without the field and says so in a Warning header, Ignore drops it silently. Open parts of the
-schema (statuses, probes, affinity) keep what they are sent. Values of the wrong JSON type fail
-decoding, and a custom resource's schema is its validation (422).
+without the field and says so in a Warning header, Ignore drops it silently. Every part of a
+built-in kind (statuses, probes, affinity) is typed as the API server types it, from
+Kubernetes' own definitions. Values of the wrong JSON type fail decoding, and a custom
+resource's schema is its validation (422).
 """
 
 from __future__ import annotations
@@ -96,18 +97,43 @@ async def test_a_patch_adding_an_unknown_field_is_refused_when_strict(raw: Raw) 
     assert await raw.ok("GET", f"{PODS}/p") == created
 
 
-async def test_open_parts_of_the_schema_keep_what_they_are_sent(raw: Raw) -> None:
-    body = pod_body()
-    body["spec"]["affinity"] = {"nodeAffinity": {"anything": {"goes": ["here"]}}}
-    body["spec"]["containers"][0]["livenessProbe"] = {"exec": {"command": ["true"]}}
+async def test_the_deep_parts_of_a_pod_are_typed_as_the_api_server_types_them(raw: Raw) -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+            }
+        }
+    }
+    probe = {"exec": {"command": ["true"]}, "periodSeconds": 5}
+    body = pod_body(affinity=affinity)
+    body["spec"]["containers"][0]["livenessProbe"] = probe
     created = await raw.ok("POST", PODS, body, params={"fieldValidation": "Strict"})
-    status_body = {**created, "status": {"phase": "Running", "futureField": {"x": 1}}}
+    updated = await raw.ok(
+        "PUT",
+        f"{PODS}/p/status",
+        {
+            **created,
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        },
+        params={"fieldValidation": "Strict"},
+    )
 
-    updated = await raw.ok("PUT", f"{PODS}/p/status", status_body)
-
-    assert created["spec"]["affinity"] == body["spec"]["affinity"]
-    assert created["spec"]["containers"][0]["livenessProbe"] == {"exec": {"command": ["true"]}}
-    assert updated["status"]["futureField"] == {"x": 1}
+    assert created["spec"]["affinity"] == affinity
+    assert created["spec"]["containers"][0]["livenessProbe"] == probe
+    assert updated["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    # Where the hand-written schema once kept anything (affinity, statuses), a typo is now an
+    # unknown field like any other.
+    typo = pod_body("typo", affinity={"nodeAffinity": {"anything": {"goes": ["here"]}}})
+    status, answer, _ = await raw.call("POST", PODS, typo, params={"fieldValidation": "Strict"})
+    assert status == 400
+    assert 'unknown field "spec.affinity.nodeAffinity.anything"' in answer["message"]
+    future = {**updated, "status": {"phase": "Running", "futureField": {"x": 1}}}
+    status, answer, _ = await raw.call(
+        "PUT", f"{PODS}/p/status", future, params={"fieldValidation": "Strict"}
+    )
+    assert status == 400
+    assert 'unknown field "status.futureField"' in answer["message"]
 
 
 @pytest.mark.parametrize(
@@ -132,6 +158,24 @@ async def test_open_parts_of_the_schema_keep_what_they_are_sent(raw: Raw) -> Non
             {"nodeSelector": ["a"]},
             "json: cannot unmarshal array into Go struct field PodSpec.spec.nodeSelector "
             "of type map[string]string",
+        ),
+        # Deep in the pod spec too (Kubernetes' own definitions, not a hand-written subset).
+        (
+            {"securityContext": {"runAsUser": "root"}},
+            "json: cannot unmarshal string into Go struct field "
+            "PodSecurityContext.spec.securityContext.runAsUser of type int64",
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "x"}
+                    }
+                }
+            },
+            "json: cannot unmarshal string into Go struct field NodeSelector.spec.affinity."
+            "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms "
+            "of type []v1.NodeSelectorTerm",
         ),
     ],
 )

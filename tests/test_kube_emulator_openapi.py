@@ -151,7 +151,10 @@ async def test_the_pod_schema_is_real_where_typos_happen(
     assert containers["x-kubernetes-list-type"] == "map"
     assert containers["x-kubernetes-list-map-keys"] == ["name"]
     assert containers["x-kubernetes-patch-merge-key"] == "name"
-    assert schemas["io.k8s.api.core.v1.PodStatus"]["x-kubernetes-preserve-unknown-fields"]
+    # Statuses too are Kubernetes' own definitions, closed as the API server's are.
+    status = schemas["io.k8s.api.core.v1.PodStatus"]
+    assert "x-kubernetes-preserve-unknown-fields" not in status
+    assert {"phase", "conditions", "containerStatuses", "qosClass"} <= set(status["properties"])
 
 
 # --- v2 as protobuf, decoded independently -------------------------------------------------------

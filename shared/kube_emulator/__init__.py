@@ -15,11 +15,11 @@ apply. Start it in process (KubeEmulator) or as a process (cli.main). Module map
     watching    a watcher as a newline-delimited JSON event stream
     resources   the served resources and their per-kind rules
     selectors   label and field selectors
-    patching    JSON merge, strategic merge and JSON patch
+    patching    JSON merge and JSON patch (libraries), strategic merge patch
     apply       server-side apply and managedFields, over fieldsets (FieldsV1 paths)
     options     a write's dryRun, fieldValidation, fieldManager and force, validated
     bodies      request bodies: JSON, YAML, protobuf (protobuf, over protowire)
-    schema      the type model of the served kinds; schema_catalog describes them
+    schema      the type model of the served kinds; schema_catalog fills it (kubernetes-validate)
     field_validation   unknown fields and wrong types, by the schema
     openapi     /openapi/v2 and /openapi/v3 (openapi_proto: v2 as gnostic protobuf)
     rendering   Table and metadata-only answers, as Accept asks (table: kubectl's columns)

@@ -6,7 +6,8 @@ field "spec.containers[0].resourcs"`), with `Warn` (the default) it succeeds wit
 header per dropped field, with `Ignore` it is dropped silently. A value of the wrong JSON type
 fails decoding whatever the directive (`json: cannot unmarshal string into Go struct field ...`).
 For a custom resource the schema is the validation: wrong types and missing required fields are
-422 Invalid. All of this is read from schema_catalog.py; open types keep what they do not list.
+422 Invalid. All of this is read from schema_catalog.py (Kubernetes' own definitions for the
+built-in kinds); an open type, should the catalog have one, keeps what it does not list.
 """
 
 from __future__ import annotations

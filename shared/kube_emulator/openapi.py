@@ -103,16 +103,13 @@ def type_schema(flavour: Flavour, expr: TypeExpr) -> JSONDict:
     if isinstance(expr, MapOf):
         return {"type": "object", "additionalProperties": type_schema(flavour, expr.values)}
     schema = {"type": "array", "items": type_schema(flavour, expr.items)}
+    schema["x-kubernetes-list-type"] = expr.list_type
     if expr.list_type == "map":
-        schema["x-kubernetes-list-type"] = "map"
         schema["x-kubernetes-list-map-keys"] = list(expr.keys)
-        schema["x-kubernetes-patch-merge-key"] = expr.keys[0]
-        schema["x-kubernetes-patch-strategy"] = "merge"
-    elif expr.list_type == "set":
-        schema["x-kubernetes-list-type"] = "set"
-        schema["x-kubernetes-patch-strategy"] = "merge"
-    else:
-        schema["x-kubernetes-list-type"] = "atomic"
+    if expr.patch_merge_key:
+        schema["x-kubernetes-patch-merge-key"] = expr.patch_merge_key
+    if expr.patch_strategy:
+        schema["x-kubernetes-patch-strategy"] = expr.patch_strategy
     return schema
 
 

@@ -1,20 +1,27 @@
 """The three PATCH flavours the API server accepts for built-in types, as pure functions.
 
-- JSON merge patch (RFC 7386): objects merge recursively, `null` deletes, anything else replaces.
-- Strategic merge patch: merge patch plus the list semantics of the core/v1 types' patch
-  strategies. Upstream reads them from Go struct tags; here a table names the lists that merge by
-  a key (containers by `name`, conditions by `type`, ...) and the primitive lists that merge as
-  sets (finalizers). Every other list is replaced. The `$patch: delete|replace` and
-  `$deleteFromPrimitiveList/` directives are honoured; ordering directives
-  (`$setElementOrder/`, `$retainKeys`) are accepted and ignored.
-- JSON patch (RFC 6902): add, remove, replace, move, copy, test.
+- JSON merge patch (RFC 7386): the `json-merge-patch` library's `merge`.
+- JSON patch (RFC 6902): the `jsonpatch` library (add, remove, replace, move, copy, test).
+- Strategic merge patch: written here, as no maintained Python library implements it (upstream
+  it lives in Go, in apimachinery, and reads the list semantics from the Go types' struct tags;
+  Python clients only send such patches). It is merge patch plus the list semantics of the
+  core/v1 types' patch strategies: a table names the lists that merge by a key (containers by
+  `name`, conditions by `type`, ...) and the primitive lists that merge as sets (finalizers).
+  Every other list is replaced. The `$patch: delete|replace` and `$deleteFromPrimitiveList/`
+  directives are honoured; ordering directives (`$setElementOrder/`, `$retainKeys`) are
+  accepted and ignored.
 
-Each function takes ownership of its arguments (callers pass copies) and returns the result.
+Each function takes ownership of its arguments (callers pass copies) and returns the result;
+a patch that cannot apply raises `PatchError`, whichever library refused it.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import json_merge_patch
+import jsonpatch
+import jsonpointer
 
 from .objects import JSONDict, copy_json
 
@@ -24,16 +31,8 @@ class PatchError(ValueError):
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    result = target if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+    """RFC 7386 JSON merge patch (`target` is merged into in place when it is an object)."""
+    return json_merge_patch.merge(target, patch)
 
 
 # Lists of core/v1 objects with patchStrategy "merge": field name -> patchMergeKey.
@@ -141,103 +140,13 @@ def _hashable(value: Any) -> Any:
 
 
 def json_patch(document: JSONDict, operations: list[Any]) -> Any:
-    """RFC 6902 JSON patch; an operation that cannot apply fails the whole patch."""
-    result: Any = document
-    for operation in operations:
-        if not isinstance(operation, dict) or "op" not in operation or "path" not in operation:
-            raise PatchError(f"invalid JSON patch operation: {operation}")
-        op, path = operation["op"], operation["path"]
-        if op in ("add", "replace", "test") and "value" not in operation:
-            raise PatchError(f'missing value for JSON patch operation "{op}" at {path}')
-        if op == "add":
-            result = _add(result, path, copy_value(operation["value"]))
-        elif op == "remove":
-            _remove(result, path)
-        elif op == "replace":
-            _remove(result, path)
-            result = _add(result, path, copy_value(operation["value"]))
-        elif op in ("move", "copy"):
-            source = operation.get("from")
-            if not isinstance(source, str):
-                raise PatchError(f'missing from for JSON patch operation "{op}"')
-            value = _get(result, source)
-            if op == "move":
-                _remove(result, source)
-            result = _add(result, path, copy_value(value))
-        elif op == "test":
-            if _get(result, path) != operation["value"]:
-                raise PatchError(f"testing value {path} failed")
-        else:
-            raise PatchError(f"unexpected JSON patch operation: {op}")
-    return result
+    """RFC 6902 JSON patch, applied in place; an operation that cannot apply fails the whole
+    patch (the caller drops the partly patched copy)."""
+    try:
+        return jsonpatch.apply_patch(document, operations, in_place=True)
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+        raise PatchError(f"invalid JSON patch: {exc}") from None
 
 
 def copy_value(value: Any) -> Any:
     return copy_json({"v": value})["v"]
-
-
-def _tokens(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise PatchError(f"JSON pointer must start with '/': {path}")
-    return [token.replace("~1", "/").replace("~0", "~") for token in path[1:].split("/")]
-
-
-def _parent(document: Any, path: str) -> tuple[Any, str]:
-    tokens = _tokens(path)
-    if not tokens:
-        raise PatchError("the whole document cannot be the target here")
-    node = document
-    for token in tokens[:-1]:
-        node = _step(node, token, path)
-    return node, tokens[-1]
-
-
-def _step(node: Any, token: str, path: str) -> Any:
-    if isinstance(node, dict) and token in node:
-        return node[token]
-    if isinstance(node, list):
-        return node[_index(node, token, path, allow_end=False)]
-    raise PatchError(f"path not found: {path}")
-
-
-def _index(node: list[Any], token: str, path: str, *, allow_end: bool) -> int:
-    if allow_end and token == "-":
-        return len(node)
-    if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
-        raise PatchError(f"invalid array index {token!r} in {path}")
-    index = int(token)
-    if index > len(node) or (index == len(node) and not allow_end):
-        raise PatchError(f"array index out of bounds in {path}")
-    return index
-
-
-def _get(document: Any, path: str) -> Any:
-    node = document
-    for token in _tokens(path):
-        node = _step(node, token, path)
-    return node
-
-
-def _add(document: Any, path: str, value: Any) -> Any:
-    if path == "":
-        return value
-    parent, token = _parent(document, path)
-    if isinstance(parent, dict):
-        parent[token] = value
-    elif isinstance(parent, list):
-        parent.insert(_index(parent, token, path, allow_end=True), value)
-    else:
-        raise PatchError(f"path not found: {path}")
-    return document
-
-
-def _remove(document: Any, path: str) -> None:
-    parent, token = _parent(document, path)
-    if isinstance(parent, dict) and token in parent:
-        del parent[token]
-    elif isinstance(parent, list):
-        del parent[_index(parent, token, path, allow_end=False)]
-    else:
-        raise PatchError(f"path not found: {path}")

@@ -1,6 +1,8 @@
-"""A small type model of the served kinds, and the compact notation schema_catalog.py writes it in.
+"""A small type model of the served kinds, and a compact notation to write types by hand in.
 
-One description serves four readers: the OpenAPI v2 and v3 documents kubectl validates and
+schema_catalog.py fills it from the Kubernetes API's own definitions (as kubernetes-validate
+ships them) and writes in the notation only what those do not hold (NodeResourceTopology, a
+CRD). One description serves four readers: the OpenAPI v2 and v3 documents kubectl validates and
 explains with (openapi.py), the server's own field validation and pruning (field_validation.py),
 and server-side apply's list semantics (apply.py). A field's type is written as a short string:
 
@@ -47,6 +49,10 @@ class ListOf:
     keys: tuple[str, ...] = ()
     key_defaults: Mapping[str, str] = field(default_factory=dict)
     """Key fields the API server defaults (a container port's protocol is TCP)."""
+    patch_strategy: str = ""
+    """The list's strategic-merge-patch strategy as the OpenAPI documents state it (`merge`)."""
+    patch_merge_key: str = ""
+    """The field a strategic merge patch matches items by, where it merges them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +116,7 @@ FieldSpec = str | tuple[str, str]
 
 
 class SchemaError(ValueError):
-    """A malformed entry in the catalog: a bug in schema_catalog.py, found at import."""
+    """A malformed entry in the catalog, or a definition it cannot read, found at import."""
 
 
 @dataclass
@@ -160,7 +166,7 @@ class Package:
 
 
 class Catalog:
-    """Every named type, by id (`pkg.Name`); built once by schema_catalog.py."""
+    """Every named type, by id (`pkg.Name`); built once, at import, by schema_catalog.py."""
 
     def __init__(self) -> None:
         self.types: dict[str, NamedType] = {}
@@ -179,6 +185,12 @@ class Catalog:
 
     def package(self, name: str, prefix: str, go_alias: str) -> Package:
         return Package(self, name, prefix, go_alias)
+
+    def define(self, named: NamedType) -> None:
+        """A type already resolved (read from the API's definitions, not written by hand)."""
+        self.types[named.id] = named
+        if isinstance(named, ObjectType) and named.gvk is not None:
+            self._by_gvk[named.gvk] = named
 
     def finish(self) -> None:
         """Resolve every pending object's field types; raises SchemaError on a dangling name."""
@@ -238,14 +250,14 @@ def _parse(text: str, package: str, names: set[str]) -> TypeExpr:
         if not semantics:
             return ListOf(items)
         if semantics == "set":
-            return ListOf(items, "set")
+            return ListOf(items, "set", patch_strategy="merge")
         keys, defaults = [], {}
         for part in semantics.split(","):
             key, _, default = part.partition("=")
             keys.append(key)
             if default:
                 defaults[key] = default
-        return ListOf(items, "map", tuple(keys), defaults)
+        return ListOf(items, "map", tuple(keys), defaults, "merge", keys[0])
     if text.startswith("{}"):
         return MapOf(_parse(text[2:], package, names))
     if text in PRIMITIVES:

@@ -15,8 +15,8 @@ and server-side apply's list semantics (apply.py). A field's type is written as 
 
 A named object is either closed (every field listed; anything else is an unknown field, pruned
 or refused like the API server does) or open (x-kubernetes-preserve-unknown-fields: its listed
-fields are typed, the rest is kept as sent). Open types stand where an exhaustive description
-would be long and nothing in the emulator or kubectl's usual paths needs one.
+fields are typed, the rest is kept as sent). Kubernetes' own definitions are closed throughout;
+open stays in the model for a CRD that preserves unknown fields.
 """
 
 from __future__ import annotations
@@ -138,12 +138,6 @@ class Package:
         gvk: tuple[str, str, str] | None = None,
     ) -> None:
         self.catalog.pending.append((self, name, description, fields, required, open, gvk))
-
-    def open(
-        self, name: str, description: str, fields: Mapping[str, FieldSpec] | None = None
-    ) -> None:
-        """An object typed only where listed: everything else in it is kept as sent."""
-        self.struct(name, description, fields or {}, open=True)
 
     def scalar(
         self,

@@ -67,6 +67,8 @@ NO_JETSTREAM = (
     "JetStream key-value bucket): run nats-server with -js, or run one accounting replica "
     "with --partitions 0"
 )
+TAKEN_BY_ANOTHER = "?"
+"""The owner of a key another replica created first, until the next read names it."""
 LOST_STREAM = (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError)
 """What a KV call raises when the bucket's stream no longer exists."""
 OPEN_TIMEOUT = 15.0
@@ -505,7 +507,10 @@ class Leases:
             else:
                 revision = await self._timed(kv.update(key, body, last=over))
         except nats.js.errors.KeyWrongLastSequenceError:
-            return None  # taken (or changed) meanwhile
+            # Taken (or changed) meanwhile: someone's until a read says whose. Not unowned any
+            # more, so requests for it are no longer kept here (its taker answers them).
+            self.owners.setdefault(k, TAKEN_BY_ANOTHER)
+            return None
         lease = Lease(k, revision, epoch, sent, since)
         self.held[k] = lease
         self.owners[k] = self.replica

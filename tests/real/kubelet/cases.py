@@ -75,6 +75,9 @@ class Case:
     namespace: str = NAMESPACE
     annotations: tuple[tuple[str, str], ...] = ()
     """More pod annotations than the opt-in (e.g. `nvidia.com/use-gpuuuid`)."""
+    unschedulable: bool = False
+    """The run ends when kube-scheduler reports the pod unschedulable, instead of when it runs
+    or kubelet refuses it (a wait condition: what the refusal says is compared)."""
 
     @property
     def init_boxes(self) -> tuple[Box, ...]:
@@ -149,6 +152,16 @@ INIT_CONTAINERS = Case(
     # webhook does not run can a GPU init container run on this kubelet.
     namespace=WEBHOOK_SKIPPED,
 )
+INIT_THROUGH_WEBHOOK = Case(
+    "init-through-webhook",
+    SINGLE_NUMA_NODE,
+    (Box("prep", memory=None, cores=None, init=True), MAIN),
+    "strict",
+    unschedulable=True,
+)
+"""The same pod where numafit's webhook runs: it gives the init container
+`nvidia.com/gpucores: 100`, which kubelet v1.28.7 would reject after the device plugin ran, so
+numafit's scheduler refuses the node for it (issue 21 item 5)."""
 TWO_GPUS_NOT_OPTED_IN = Case(
     "two-gpus-not-opted-in",
     SINGLE_NUMA_NODE,
@@ -177,8 +190,10 @@ COMPARED = (
     NOT_OPTED_IN,
     BURSTABLE,
     INIT_CONTAINERS,
+    INIT_THROUGH_WEBHOOK,
     TWO_GPUS_NOT_OPTED_IN,
     BEST_EFFORT_POLICY_REFIT,
+    NO_NUMA_FITS_BEST_EFFORT_POLICY,
+    NO_NUMA_FITS_STRICT_POLICY,
 )
-"""The cases run on both. The two with lost GPUs are not: `numafit simulate` waits at start
-for every replica to be healthy, so a scenario with an unhealthy GPU never starts."""
+"""The cases run on both kubelets, grouped by policy (kubelet restarts when it changes)."""

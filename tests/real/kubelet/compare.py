@@ -91,10 +91,20 @@ def _statuses(statuses: list[dict[str, Any]]) -> list[tuple[str, str, int | None
     return sorted(found)
 
 
+def refusals(message: str) -> list[str]:
+    """The reason names (`CardInsufficientMemory: ...`, `KubeletRejectsInitContainerResources:
+    ...`) a scheduling message gives: kube-scheduler and the emulated cluster word the rest of
+    it differently (`0/5 nodes are available: 1 <reason>, 4 node(s) didn't match ...` and
+    `0/1 nodes are available: <node>: <reason>`)."""
+    return sorted(set(re.findall(r"\b([A-Z][a-z]+(?:[A-Z][a-z]+)+):", message)))
+
+
 def _refused(phase: str, outcome: Outcome, message: str, statuses: list[dict[str, Any]]) -> None:
     if phase == "Failed":
         outcome["message"] = message
         outcome["terminated"] = _statuses(statuses)
+    elif phase == "Pending":
+        outcome["refusals"] = refusals(message)
 
 
 def real_outcome(seen: PodSeen) -> Outcome:
@@ -125,20 +135,27 @@ def _plugin_outcomes(metrics: dict[str, float]) -> dict[str, int]:
     return dict(found)
 
 
-def scenario_text(case: Case, config: dict[str, Any]) -> str:
+def scenario_text(case: Case, config: dict[str, Any], kubelet_version: str) -> str:
     node = {
         "name": NODE,
+        "kubeletVersion": kubelet_version,
         "topologyPolicy": case.policy,
         "cpus": exclusive_cpus(),
-        "gpus": [gpu | {"healthy": gpu["uuid"] not in case.unhealthy} for gpu in GPUS],
+        # The GPUs the real node lost to XIDs are left out: `numafit simulate` waits at start
+        # for every replica to be healthy, so a node with an unhealthy GPU never starts; to
+        # kubelet's admission and numafit's fit a GPU without healthy replicas is one that is
+        # not there.
+        "gpus": [gpu for gpu in GPUS if gpu["uuid"] not in case.unhealthy],
     }
     return yaml.safe_dump({"nodes": [node], "config": config, "pods": [case.manifest()]})
 
 
-async def emulated_outcome(case: Case, config: dict[str, Any]) -> Outcome:
-    """The case through `numafit simulate` (the kubelet emulator driving the real device
-    plugin), in the form of `real_outcome`."""
-    scenario = parse_scenario(scenario_text(case, config), source=f"case {case.name}")
+async def emulated_outcome(case: Case, config: dict[str, Any], kubelet_version: str) -> Outcome:
+    """The case through `numafit simulate` (the kubelet emulator, playing `kubelet_version`,
+    driving the real device plugin), in the form of `real_outcome`."""
+    scenario = parse_scenario(
+        scenario_text(case, config, kubelet_version), source=f"case {case.name}"
+    )
     status: dict[str, Any] = {}
 
     async def read_status(cluster: SimCluster) -> None:
@@ -164,5 +181,9 @@ async def emulated_outcome(case: Case, config: dict[str, Any]) -> Outcome:
         "plugin": _plugin_outcomes(report["metrics"]),
     }
     statuses = [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
-    _refused(pod["phase"], outcome, status.get("message", ""), statuses)
+    # A refused pod's message is the status kubelet writes; an unscheduled one's is the
+    # driver's account of the extender's answer (in the report's table data: the JSON
+    # contract has no message).
+    message = status.get("message") or report["_table"]["messages"][f"{case.namespace}/{case.name}"]
+    _refused(pod["phase"], outcome, message, statuses)
     return outcome

@@ -132,6 +132,11 @@ class DevicePlugin:
 
         poll(ready, within=START_WITHIN, what="device plugin ready")
 
+    def check_alive(self) -> None:
+        """Fail at once, with its log, if the plugin process has exited."""
+        if self.child is not None and not self.child.alive():
+            raise AssertionError(f"device plugin exited:\n{self.child.tail()}")
+
     def stop(self) -> None:
         if self.child is not None:
             self.child.stop(grace=15.0)

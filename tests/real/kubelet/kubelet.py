@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,8 @@ class Kubelet:
         self.policy: str | None = None
         self.child: Child | None = None
         self.starts = 0
+        self.started = 0.0
+        """When the running kubelet was started (wall clock, as file times are)."""
 
     @property
     def alive(self) -> bool:
@@ -126,6 +129,7 @@ class Kubelet:
         if self.alive:
             raise KubeletError("kubelet already running")
         self.policy = policy
+        self.started = time.time()
         port, healthz = free_port(), free_port()
         config = self.directory / f"kubelet-{policy}.yaml"
         config.write_text(
@@ -190,6 +194,21 @@ class Kubelet:
             return {}
         entries: dict[str, dict[str, str]] = state.get("entries") or {}
         return entries
+
+    def healthy_devices(self, resource: str) -> int | None:
+        """How many healthy devices of `resource` this kubelet has recorded since it started:
+        its device manager rewrites its checkpoint whenever a plugin's device list changes.
+        None while the checkpoint is still the previous kubelet's (or absent): a restarted
+        kubelet admits nothing of `resource` until its plugin registered again, while the
+        Node still shows what the previous kubelet reported."""
+        path = host.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+        try:
+            if path.stat().st_mtime < self.started:
+                return None
+            registered = json.loads(path.read_text())["Data"]["RegisteredDevices"] or {}
+        except (OSError, ValueError, KeyError):
+            return None
+        return len(registered.get(resource) or [])
 
     def log(self) -> str:
         return "" if self.child is None else self.child.tail(200)

@@ -38,6 +38,15 @@ RUN_WITHIN = 90.0
 SETTLE_WITHIN = 30.0
 
 
+def scheduling(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's PodScheduled condition ({} before kube-scheduler wrote one)."""
+    for condition in pod["status"].get("conditions") or []:
+        if condition["type"] == "PodScheduled":
+            found: dict[str, Any] = condition
+            return found
+    return {}
+
+
 class RealNode:
     def __init__(
         self, assets: Assets, plane: ControlPlane, stack: NumafitStack, directory: Path
@@ -68,6 +77,12 @@ class RealNode:
         self.plugin.start()
         if not self.api.exists(f"/api/v1/namespaces/{NAMESPACE}"):
             self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        # Pods are refused until kube-controller-manager made the namespace's ServiceAccount.
+        poll(
+            lambda: self.api.exists(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default"),
+            within=SETTLE_WITHIN,
+            what=f"the default ServiceAccount of {NAMESPACE}",
+        )
         self.wait_node_ready()
 
     def stop(self) -> None:
@@ -107,6 +122,7 @@ class RealNode:
         """Ready, untainted, every GPU replica allocatable, and the inventory in accounting."""
 
         def ready() -> bool:
+            self.check_alive()
             node = self.api.node(NODE)
             conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
             allocatable = node["status"].get("allocatable", {})
@@ -117,12 +133,26 @@ class RealNode:
             )
 
         poll(ready, within=RUN_WITHIN, what=f"node {NODE} ready", last=self._node_summary)
+        replicas = REPLICAS * len(GPU_NUMA)
+        poll(
+            lambda: self.kubelet.healthy_devices(GPU_RESOURCE) == replicas,
+            within=RUN_WITHIN,
+            what=f"kubelet itself holds {replicas} healthy {GPU_RESOURCE}",
+            last=lambda: self.kubelet.healthy_devices(GPU_RESOURCE),
+        )
         poll(
             lambda: self.health() == dict.fromkeys(GPU_NUMA, True),
             within=SETTLE_WITHIN,
             what="accounting holds the node's healthy inventory",
             last=self.health,
         )
+
+    def check_alive(self) -> None:
+        """Fail at once, with its log, if kubelet or the plugin has exited (instead of waiting
+        out a bound for something that cannot happen any more)."""
+        self.plugin.check_alive()
+        if self.kubelet.child is not None and not self.kubelet.alive:
+            raise AssertionError(f"kubelet exited:\n{self.kubelet.log()}")
 
     def _node_summary(self) -> object:
         try:
@@ -258,9 +288,12 @@ class RealNode:
 
     def _outcome(self, case: Case, uid: str) -> dict[str, Any] | None:
         """The pod once it is Failed, or Running with every container's report written."""
+        self.check_alive()
         pod = self.api.pod(case.namespace, case.name)
         phase = pod["status"].get("phase")
         if phase == "Failed":
+            return pod
+        if case.unschedulable and scheduling(pod).get("reason") == "Unschedulable":
             return pod
         if phase != "Running":
             return None
@@ -280,8 +313,15 @@ class RealNode:
         def settled() -> bool:
             current = self.api.pod(case.namespace, case.name)
             held = self.ledger_pod(uid)
-            if current["status"].get("phase") == "Failed":
-                return held is None  # a refused pod holds nothing
+            phase = current["status"].get("phase")
+            if phase == "Failed":
+                # kubelet may write the refused pod's phase before its containers' final
+                # statuses (terminated; a pod refused for its topology gets none).
+                statuses = current["status"].get("containerStatuses") or []
+                final = all("terminated" in (s.get("state") or {}) for s in statuses)
+                return held is None and final  # a refused pod holds nothing
+            if phase != "Running":
+                return held is None  # nor does one never scheduled
             if held is None:
                 return False
             same = hami(held["pod"]["metadata"]["annotations"]) == hami(
@@ -322,13 +362,16 @@ class RealNode:
             )
         after = self.plugin.metrics()
         status = pod["status"]
+        # An unscheduled pod's reason is in its PodScheduled condition, as kube-scheduler
+        # writes it; a pod kubelet refused has it in the status itself.
+        said = scheduling(pod) if status.get("phase") == "Pending" else status
         return observe.PodSeen(
             case=case,
             namespace=case.namespace,
             uid=uid,
             phase=status.get("phase", ""),
-            reason=status.get("reason", ""),
-            message=status.get("message", ""),
+            reason=said.get("reason", ""),
+            message=said.get("message", ""),
             annotations=annotations,
             container_statuses=[
                 *status.get("initContainerStatuses", []),
@@ -340,6 +383,8 @@ class RealNode:
             refits=observe.refit_results(after) - observe.refit_results(before),
             allocations=observe.allocations_ok(after) - observe.allocations_ok(before),
             ledger_released=None if held is None else bool(held["released"]),
+            kubelet_version=self.api.node(NODE)["status"]["nodeInfo"]["kubeletVersion"],
+            spec=pod["spec"],
         )
 
     def events(self, namespace: str, uid: str) -> list[tuple[str, str, str]]:

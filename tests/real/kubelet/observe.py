@@ -157,6 +157,10 @@ class PodSeen:
     allocations: int = 0
     """Allocate calls the plugin answered ok for this pod."""
     ledger_released: bool | None = None
+    kubelet_version: str = ""
+    """What the node reports (`status.nodeInfo.kubeletVersion`)."""
+    spec: dict[str, Any] = field(default_factory=dict)
+    """The pod's spec as the API server holds it (after the admission webhook)."""
 
     def container(self, name: str) -> ContainerSeen:
         (found,) = [c for c in self.containers if c.name == name]

@@ -32,7 +32,8 @@ pytestmark = kubelet_tier()
 def test_the_emulator_agrees_with_the_real_kubelet(
     case: Case, run: Callable[[Case], PodSeen], numafit: NumafitStack
 ) -> None:
-    real = real_outcome(run(case))
+    seen = run(case)
+    real = real_outcome(seen)
     _, args = numafit.rendered.service_args("svc-scheduler")
-    emulated = asyncio.run(emulated_outcome(case, scheduler_config(args)))
+    emulated = asyncio.run(emulated_outcome(case, scheduler_config(args), seen.kubelet_version))
     assert emulated == real, f"emulator:\n{pformat(emulated)}\nreal kubelet:\n{pformat(real)}"

@@ -46,7 +46,7 @@ def test_kubelet_restart_leaves_running_pods_alone_and_the_plugin_registers_agai
     after = None
     try:
         (main,) = seen.containers
-        assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-7",), "1")
+        assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-7",), "1"), seen.message
         before = node.api.pod(seen.namespace, RUNNING.name)
         output = container_output(seen.namespace, RUNNING.name, seen.uid, "main")
         registrations = node.plugin.sample(REGISTRATIONS)

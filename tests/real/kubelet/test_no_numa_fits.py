@@ -33,7 +33,7 @@ def test_best_effort_policy_runs_it_across_numa_nodes_on_its_reservation(
     needed; the CPU stays on NUMA 1. The ledger records what runs."""
     seen = run(cases.NO_NUMA_FITS_BEST_EFFORT_POLICY)
     (main,) = seen.containers
-    assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-3",), "1")
+    assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-3",), "1"), seen.message
     assert main.allocated == (("GPU-3", 20000, 30),)
     assert main.ledger == main.allocated
     assert tuple(sorted({r.rsplit("-", 1)[0] for r in main.replicas})) == main.gpus
@@ -47,7 +47,7 @@ def test_single_numa_node_refuses_it_before_asking_the_plugin(
     run: Callable[[Case], PodSeen],
 ) -> None:
     seen = run(cases.NO_NUMA_FITS_STRICT_POLICY)
-    assert (seen.phase, seen.reason) == ("Failed", "TopologyAffinityError")
+    assert (seen.phase, seen.reason) == ("Failed", "TopologyAffinityError"), seen.message
     assert seen.message.startswith("Pod was rejected: "), seen.message
     assert "Resources cannot be allocated with Topology locality" in seen.message, seen.message
     (main,) = seen.containers

@@ -67,7 +67,7 @@ def test_refit_moves_the_reservation_to_kubelets_numa_node(
     run: Callable[[Case], PodSeen], case: Case
 ) -> None:
     seen = run(case)
-    assert (seen.phase, seen.reason) == ("Running", "")
+    assert (seen.phase, seen.reason) == ("Running", ""), seen.message
     (main,) = seen.containers
     assert main.gpus == ("GPU-7",)
     assert main.cpus == "1"
@@ -87,7 +87,7 @@ def test_strict_that_cannot_be_aligned_is_refused_with_the_reason(
     """50000 MiB fits no NUMA 1 GPU: the strict pod is refused by kubelet's admission, the
     refit's reason in its status, and accounting releases its reservation."""
     seen = run(cases.STRICT_UNALIGNABLE)
-    assert (seen.phase, seen.reason) == ("Failed", "UnexpectedAdmissionError")
+    assert (seen.phase, seen.reason) == ("Failed", "UnexpectedAdmissionError"), seen.message
     reason = "numa-alignment strict: no allowed device fits: 4/4 CardInsufficientMemory"
     assert seen.message.startswith("Pod was rejected: "), seen.message
     assert reason in seen.message, seen.message
@@ -109,10 +109,9 @@ def test_strict_that_cannot_be_aligned_is_refused_with_the_reason(
 @pytest.mark.parametrize(
     ("case", "why"),
     [
-        (cases.BEST_EFFORT_NO_FIT, "4/4 CardInsufficientMemory"),
-        (cases.PINNED_ELSEWHERE, "4/4 CardUuidMismatch"),
+        pytest.param(cases.BEST_EFFORT_NO_FIT, "4/4 CardInsufficientMemory", id="no-fit"),
+        pytest.param(cases.PINNED_ELSEWHERE, "4/4 CardUuidMismatch", id="pinned-elsewhere"),
     ],
-    ids=lambda v: v.name if isinstance(v, cases.Case) else "",
 )
 def test_best_effort_never_falls_back_onto_a_gpu_breaking_the_pods_constraints(
     run: Callable[[Case], PodSeen], case: Case, why: str
@@ -122,7 +121,7 @@ def test_best_effort_never_falls_back_onto_a_gpu_breaking_the_pods_constraints(
     the pod's own constraints, so the plugin refuses instead of letting kubelet pick (which
     over-committed a GPU, or ran the pod on one it excluded: issue 21 item 4)."""
     seen = run(case)
-    assert (seen.phase, seen.reason) == ("Failed", "UnexpectedAdmissionError")
+    assert (seen.phase, seen.reason) == ("Failed", "UnexpectedAdmissionError"), seen.message
     assert seen.message.startswith("Pod was rejected: "), seen.message
     refusal = f"numa-alignment best-effort: no GPU kubelet offers satisfies the pod: {why}"
     assert refusal in seen.message, seen.message
@@ -152,7 +151,7 @@ def test_best_effort_refit_unanswered_runs_kubelets_pick_and_records_it(
         refit.signal(signal.SIGCONT)
     try:
         (main,) = seen.containers
-        assert (seen.phase, main.cpus) == ("Running", "1")
+        assert (seen.phase, main.cpus) == ("Running", "1"), seen.message
         (gpu,) = main.gpus
         assert GPU_NUMA[gpu] == 1
         assert main.allocated == ((gpu, 20000, 30),)
@@ -188,7 +187,7 @@ def test_pod_not_opted_in_runs_kubelets_pick_and_accounting_follows(
 ) -> None:
     seen = run(cases.NOT_OPTED_IN)
     (main,) = seen.containers
-    assert (seen.phase, main.cpus) == ("Running", "1")
+    assert (seen.phase, main.cpus) == ("Running", "1"), seen.message
     (gpu,) = main.gpus
     assert GPU_NUMA[gpu] == 1
     assert main.allocated == ((gpu, 20000, 30),)
@@ -206,7 +205,7 @@ def test_two_gpus_not_opted_in_run_on_two_distinct_gpus(run: Callable[[Case], Po
     replicas of distinct GPUs (issue 21 item 3), never two of one GPU, which consume refuses
     (`allocation names a GPU twice`), failing the pod."""
     seen = run(cases.TWO_GPUS_NOT_OPTED_IN)
-    assert (seen.phase, seen.reason, seen.message) == ("Running", "", "")
+    assert (seen.phase, seen.reason, seen.message) == ("Running", "", ""), seen.message
     (main,) = seen.containers
     assert len(main.gpus) == 2, main.gpus
     assert {GPU_NUMA[g] for g in main.gpus} == {1}
@@ -223,7 +222,7 @@ def test_burstable_pod_is_not_pinned_and_keeps_its_reservation(
     NUMA 0 for them (the narrowest hint, lowest first), where the reservation already is."""
     seen = run(cases.BURSTABLE)
     (main,) = seen.containers
-    assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-3",), "0-1")
+    assert (seen.phase, main.gpus, main.cpus) == ("Running", ("GPU-3",), "0-1"), seen.message
     assert main.allocated == (("GPU-3", 20000, 30),)
     agrees(main)
     assert seen.refits == {"best-effort/no_mismatch": 1}

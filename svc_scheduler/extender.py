@@ -51,7 +51,7 @@ from shared.core.admission import (
 )
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
-from shared.core.fit import FitOptions, fit_options
+from shared.core.fit import RESOURCE_QUOTA_NOT_FIT, FitOptions, fit_options
 from shared.core.model import NodeSnapshot, Usage
 from shared.core.nodes import (
     MAX_EXTENDER_PRIORITY,
@@ -77,6 +77,7 @@ from shared.service import kube_io
 from shared.service.events import EventRecorder
 from shared.service.lifecycle import Deadline
 from shared.service.supervisor import Supervisor
+from svc_scheduler.extender_locks import NodeGates, PendingBinds
 from svc_scheduler.extender_wire import (
     BindingArgs,
     BindingResult,
@@ -116,16 +117,41 @@ REMEMBERED_RESERVATIONS = 4096
 """Recent reservations remembered for /prioritize (the pod kube-scheduler sends there predates
 the annotations its own filter wrote)."""
 
+LOCK_WAIT_RESERVE = 1.0
+"""Seconds of a bind's budget a wait for the node's lock leaves for the rest: the guarded
+PATCH, the Binding, and recording `failed` if the Binding fails."""
+REMEMBERED_DEFERRALS = 4096
+"""Pods whose filter deferred its refusal to their bind (the reason is shown from there)."""
+
 # Filter results (metric label values); OTHER_SCHEDULER is a bind result too.
 FIT, NO_FIT, NOT_GPU, ERROR = "fit", "no_fit", "not_gpu", "error"
+DEFERRED = "deferred"
+"""A transient refusal answered through the bind (kube-scheduler then backs the pod off)."""
+LOCK_WAIT_TIMEOUT = "lock_wait_timeout"
+"""A bind that waited its whole budget for the node's lock (bind result label)."""
 OTHER_SCHEDULER = "other_scheduler"
 RETRY_CODES: Final[frozenset[Code]] = SCHEDULER_RETRY
 """Refusals that mean the read model was behind accounting's ledger: recompute on fresh state
 (`no_fit`: accounting's own fit re-check found the space taken by a concurrent commit)."""
+TRANSIENT_CODES: Final[frozenset[Code]] = frozenset({Code.DEADLINE_EXCEEDED, Code.API_ERROR})
+"""Other reserve refusals that clear by themselves (the API server slow or failing while
+accounting read the pod): deferred to the bind, so kube-scheduler backs the pod off."""
 
 
 class FilterError(Exception):
     """The filter cannot decide: answered with `Error`, which fails this scheduling attempt."""
+
+
+class TransientRefusal(FilterError):
+    """The pod cannot be placed now for a reason that clears by itself (accounting not
+    answering, a namespace quota that may be raised or freed, lost races): answered by keeping
+    one node (`node`, else the first candidate) and failing the pod's bind with the reason,
+    because kube-scheduler backs off a pod whose bind failed, while it parks one its filter
+    refused until an unrelated cluster event."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class Extender:
@@ -156,6 +182,15 @@ class Extender:
         self.scheduler_names = scheduler_names
         """The kube-scheduler profiles numafit schedules for: the only pods reserved or bound."""
         self._reserved: OrderedDict[str, str] = OrderedDict()
+        self._deferred: OrderedDict[str, str] = OrderedDict()
+        """Pod UID -> the transient refusal its last filter deferred to its bind."""
+        self.gates = NodeGates()
+        """Binds waiting for a node's lock, one at a time per node (extender_locks.py)."""
+        self.pending_binds = PendingBinds()
+        """Nodes with a reservation of this extender's whose bind is still to come: about to
+        lock, so other pods prefer nodes without one."""
+        if hasattr(read_model, "on_change"):
+            read_model.on_change = self.gates.changed
         self.topology = topology if topology is not None else TopologyState()
         """NUMA figures from NodeResourceTopology, for predicting kubelet's choice (fed by the
         service's watch; without one no node has figures and nothing is predicted)."""
@@ -200,6 +235,17 @@ class Extender:
             return error_filter_result(args, refusal), OTHER_SCHEDULER
         try:
             return await self._filter_gpu_pod(args, pod, requests)
+        except TransientRefusal as exc:
+            node = exc.node if exc.node in args.names else None
+            node = node or next(iter(args.names), None)
+            if node is None:
+                return error_filter_result(args, str(exc)), ERROR
+            self._defer(pod.uid, str(exc))
+            log.info(
+                "refusal deferred to the bind",
+                extra={"pod": pod.key, "node": node, "error": str(exc)},
+            )
+            return filter_result(args, [node]), DEFERRED
         except FilterError as exc:
             log.info("filter failed", extra={"pod": pod.key, "error": str(exc)})
             return error_filter_result(args, str(exc)), ERROR
@@ -232,6 +278,21 @@ class Extender:
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
             placement = self._place(names, views, tracked, pod, requests, options, policy, probe)
             refused = {**rejected, **placement.refused}
+            if placement.chosen is None and probe is not None:
+                # Refused by the namespace's quota alone (the pod fits once it is not counted)?
+                # That clears when the quota is raised or another pod of the namespace leaves,
+                # neither of which kube-scheduler requeues the pod for: back it off instead.
+                unlimited = self._place(
+                    names, views, tracked, pod, requests, options, policy, assume=False
+                )
+                if unlimited.chosen is not None:
+                    raise TransientRefusal(
+                        f"{RESOURCE_QUOTA_NOT_FIT}: pod {pod.key} does not fit namespace "
+                        f"{pod.namespace}'s GPU quota now ("
+                        + ", ".join(sorted(set(placement.refused.values())))[:300]
+                        + "); retried with backoff",
+                        unlimited.chosen,
+                    )
             if placement.chosen is None:
                 log.info(
                     "pod fits no node",
@@ -252,6 +313,9 @@ class Extender:
                 if reply.revision is not None:
                     self.read_model.expect(chosen, reply.revision)
                 self._remember(pod.uid, chosen)
+                self._deferred.pop(pod.uid, None)
+                if not pod.node_name:  # a bound pod's bind does not come again
+                    self.pending_binds.add(pod.uid, pod.key, chosen)
                 log.info(
                     "pod reserved",
                     extra={
@@ -264,17 +328,20 @@ class Extender:
                 )
                 return filter_result(args, [chosen], refused), FIT
             if code not in RETRY_CODES:
-                raise FilterError(
+                error = (
                     f"accounting refused to reserve pod {pod.key} on {chosen}: {code}: "
                     f"{(reply.error or '')[:300]}"
                 )
+                if code in TRANSIENT_CODES:
+                    raise TransientRefusal(error, chosen)
+                raise FilterError(error)
             if code is Code.QUOTA_EXCEEDED:
                 self.read_model.forget_quota(pod.namespace)
             else:
                 self.read_model.invalidate(chosen)
-        raise FilterError(
+        raise TransientRefusal(
             f"pod {pod.key}: every reservation lost a race with another change "
-            f"({self.max_attempts} attempts)"
+            f"({self.max_attempts} attempts); retried with backoff"
         )
 
     def _other_scheduler(self, obj: Mapping[str, Any], pod: PodInfo) -> str | None:
@@ -319,6 +386,15 @@ class Extender:
                 name: (stamp, plans[name]) if name in plans else stamp
                 for name, stamp in stamps.items()
             }
+        # Nodes locked for another pod's allocation, or about to be (a reservation of this
+        # extender's whose bind is to come), are left to the last: a pod goes where it is
+        # bound at once whenever such a node fits, and waits in its bind otherwise.
+        busy = {
+            **self.pending_binds.busy(pod.uid),
+            **locked_nodes(views, pod.uid, time.time()),
+        }
+        # A pod kube-scheduler already bound stays where it is: nothing there is busy for it.
+        busy.pop(pod.node_name, None)
         placement = place_pod(
             snapshots,
             requests,
@@ -326,11 +402,33 @@ class Extender:
             options,
             policy,
             probe,
-            locked_nodes(views, pod.uid, time.time()),
+            busy,
             cache=self.fit_cache,
             stamps=stamped,
             numa=plans or None,
         )
+        waiting = [n for n in placement.refused if n in busy and busy[n] == placement.refused[n]]
+        if placement.chosen is None and waiting:
+            # Every node that fits is busy: the policy's pick among them (the bind waits for
+            # its lock) rather than a refusal kube-scheduler would park the pod on.
+            among = place_pod(
+                {n: snapshots[n] for n in waiting},
+                requests,
+                pod.kinds,
+                options,
+                policy,
+                probe,
+                cache=self.fit_cache,
+                stamps=stamped,
+                numa=plans or None,
+            )
+            if among.chosen is not None:
+                placement = Placement(
+                    among.chosen,
+                    among.rows,
+                    {n: r for n, r in placement.refused.items() if n not in among.scores},
+                    among.scores,
+                )
         if assume and placement.chosen is not None:
             self._placed(pod, requests, placement, predictions.get(placement.chosen))
         return placement
@@ -411,7 +509,7 @@ class Extender:
                 quota = context.quota if quota is None else quota
             views = await self.read_model.views(names, self._budget(deadline))
         except AccountingUnavailable as exc:
-            raise FilterError(f"accounting unavailable: {exc}") from exc
+            raise TransientRefusal(f"accounting unavailable: {exc}", previous or None) from exc
         except MessageError as exc:
             raise FilterError(f"bad snapshot from accounting: {exc}") from exc
         if tracked is not None and tracked.uid != pod.uid:
@@ -421,7 +519,7 @@ class Extender:
     def _budget(self, deadline: Deadline) -> float:
         budget = deadline.remaining() - REPLY_MARGIN
         if budget <= 0:
-            raise FilterError("the filter's time budget ran out")
+            raise TransientRefusal("the filter's time budget ran out; retried with backoff")
         return budget
 
     async def _reserve(
@@ -440,10 +538,17 @@ class Extender:
             reply = await self.accounting.ask(request, ReserveReply, self._budget(deadline))
         except AccountingUnavailable as exc:
             self.metrics.reserve_attempts.labels("unavailable").inc()
-            raise FilterError(f"reserve on {node} unanswered: {exc}") from exc
+            # The reservation may have landed: the bind on this node finds out.
+            raise TransientRefusal(f"reserve on {node} unanswered: {exc}", node) from exc
         code = Code.OK if reply.ok else Code.parse(reply.code)
         self.metrics.reserve_attempts.labels(code.value).inc()
         return code, reply
+
+    def _defer(self, uid: str, reason: str) -> None:
+        self._deferred[uid] = reason
+        self._deferred.move_to_end(uid)
+        while len(self._deferred) > REMEMBERED_DEFERRALS:
+            self._deferred.popitem(last=False)
 
     def _remember(self, uid: str, node: str) -> None:
         self._reserved[uid] = node
@@ -502,22 +607,33 @@ class Extender:
             label, message = refused
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
             return binding_result(message), label
+        deferred = self._deferred.pop(args.pod_uid, None)
         try:
-            reply = await self.accounting.ask(
-                _phase_request(args, keys.PHASE_ALLOCATING),
-                BindPhaseReply,
-                self._bind_budget(deadline, FAILURE_RESERVE),
-            )
+            reply = await self._allocating(args, deadline)
         except (AccountingUnavailable, FilterError) as exc:
             return binding_result(f"accounting unavailable: {exc}"), "accounting_unavailable"
+        finally:
+            # Ended one way or the other: no longer a bind to come on the node.
+            self.pending_binds.done(args.pod_uid)
         if not reply.ok:
-            # pod_not_tracked / node_mismatch: no reservation there (it expired unbound, or
-            # accounting restarted and forgot it): kube-scheduler schedules the pod again;
-            # conflict: the node is still allocating another pod (HAMi's node lock).
-            self._reserved.pop(args.pod_uid, None)
             code = Code.parse(reply.code)
             detail = (reply.error or "")[:300]
+            if code is Code.CONFLICT:
+                # The node stayed locked for another pod's allocation the whole budget:
+                # kube-scheduler binds again after its backoff, on the reservation still held.
+                message = (
+                    f"cannot bind pod {key} to node {args.node} yet: {detail}; "
+                    "retried after kube-scheduler's backoff"
+                )
+                log.info("bind waited out", extra={"pod": key, "node": args.node})
+                return binding_result(message), LOCK_WAIT_TIMEOUT
+            # pod_not_tracked / node_mismatch: no reservation there (it expired unbound,
+            # accounting restarted and forgot it, or the filter deferred a transient
+            # refusal): kube-scheduler schedules the pod again, after its backoff.
+            self._reserved.pop(args.pod_uid, None)
             message = f"cannot bind pod {key} to node {args.node}: {code}: {detail}"
+            if deferred is not None and code in (Code.POD_NOT_TRACKED, Code.NODE_MISMATCH):
+                message = deferred
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
             return binding_result(message), code.value
         if reply.revision is not None:
@@ -532,6 +648,34 @@ class Extender:
         await self._bind_failed(args, deadline)
         self._record_event(args, "Warning", "BindingFailed", error)
         return binding_result(error), "binding_failed"
+
+    async def _allocating(self, args: BindingArgs, deadline: Deadline) -> BindPhaseReply:
+        """Bind-phase `allocating` for the pod (accounting writes its reservation), waiting
+        while the node is locked for another pod's allocation (a `conflict`), as long as the
+        budget leaves LOCK_WAIT_RESERVE for the rest of the bind; the last answer."""
+        request = _phase_request(args, keys.PHASE_ALLOCATING)
+        node = args.node
+        # The first try needs no turn: usually the node is free, and a pod with nothing
+        # reserved there (a deferred refusal) must not queue behind others to learn it.
+        changed = self.gates.armed(node)
+        reply = await self.accounting.ask(
+            request, BindPhaseReply, self._bind_budget(deadline, FAILURE_RESERVE)
+        )
+        if reply.ok or Code.parse(reply.code) is not Code.CONFLICT:
+            return reply
+        async with self.gates.turn(node, deadline.remaining() - LOCK_WAIT_RESERVE) as mine:
+            while mine:
+                left = deadline.remaining() - LOCK_WAIT_RESERVE
+                if left <= 0:
+                    break
+                await self.gates.wait(changed, left)
+                changed = self.gates.armed(node)
+                reply = await self.accounting.ask(
+                    request, BindPhaseReply, self._bind_budget(deadline, FAILURE_RESERVE)
+                )
+                if reply.ok or Code.parse(reply.code) is not Code.CONFLICT:
+                    return reply
+        return reply
 
     async def _check_bind(self, args: BindingArgs, deadline: Deadline) -> tuple[str, str] | None:
         """(metric label, message) when the bind must not happen; None when the pod named by

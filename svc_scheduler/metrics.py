@@ -8,7 +8,7 @@ from shared.core import admission
 from shared.service.counters import at_zero
 from svc_scheduler.topology import RESULTS as PREDICTION_RESULTS
 
-FILTER_RESULTS = ("fit", "no_fit", "not_gpu", "error")
+FILTER_RESULTS = ("fit", "no_fit", "not_gpu", "deferred", "error")
 RESERVE_RESULTS = ("ok", "conflict", "quota_exceeded", "node_unavailable", "no_fit", "unavailable")
 BIND_RESULTS = (
     "ok",
@@ -18,6 +18,7 @@ BIND_RESULTS = (
     "conflict",
     "pod_not_tracked",
     "node_mismatch",
+    "lock_wait_timeout",
 )
 DENIALS = (
     admission.OWNED_ANNOTATION,
@@ -60,8 +61,10 @@ class SchedulerMetrics:
         self.filter_total = Counter(
             "numafit_scheduler_filter",
             "Extender /filter calls by result: fit (reserved on a node), no_fit (no candidate "
-            "holds the pod), not_gpu (passed through), other_scheduler (a GPU pod of another "
-            "scheduler, refused), error (Error set in the answer).",
+            "holds the pod), not_gpu (passed through), deferred (a transient refusal, answered "
+            "by keeping a node and failing the bind, so that kube-scheduler backs the pod "
+            "off), other_scheduler (a GPU pod of another scheduler, refused), error (Error "
+            "set in the answer).",
             ["result"],
             registry=self.registry,
         )

@@ -109,6 +109,9 @@ class ReadModel:
         self._refreshing_all: asyncio.Future[None] | None = None
         self._subscription: Subscription | None = None
         self._sync_task: asyncio.Task[None] | None = None
+        self.on_change: Callable[[str], None] | None = None
+        """Called with a node's name after an update or a snapshot of it was applied (the
+        extender's binds waiting for the node's lock wake on it)."""
 
     @property
     def epoch(self) -> str | None:
@@ -184,6 +187,8 @@ class ReadModel:
         """Apply one published usage table, or mark the node (or everything) for a snapshot."""
         self.freshness.apply_update(update)
         self.metrics.nodes.set(len(self.freshness))
+        if self.on_change is not None:
+            self.on_change(update.node)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -279,6 +284,8 @@ class ReadModel:
         )
         self._overruled(overruled)
         self.metrics.nodes.set(len(self.freshness))
+        if self.on_change is not None:
+            self.on_change(node)
         tracked = reply.pod.to_core() if isinstance(reply.pod, messages.TrackedPodWire) else None
         quota = None
         if namespace and reply.quota is not None:

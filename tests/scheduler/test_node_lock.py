@@ -1,7 +1,10 @@
-"""HAMi's node lock in the filter: a node still allocating another pod is not chosen.
+"""HAMi's node lock in the filter: a node still allocating another pod is left to the last.
 
-Accounting refuses to bind a second pod while one is `allocating` on a node; binpack would
-otherwise send every pod to that (fullest) node, lose the bind, and pick it again.
+Accounting refuses to bind a second pod while one is `allocating` on a node. The filter
+prefers a node without the lock whenever one fits (binpack would otherwise send every pod to
+the fullest node, to wait there); when only locked nodes fit, it keeps the policy's pick among
+them, and the bind waits for the lock (tests/scheduler/test_lock_wait.py): a refusal would park
+the pod in kube-scheduler's unschedulable pool, which the lock's release does not empty.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ async def test_filter_skips_a_node_locked_by_another_pod(nats_url: str, tmp_path
         assert result["FailedNodes"] == {"node-1": LOCKED}
         assert (await s.reservation("ml", "b"))[keys.VGPU_NODE] == "node-2"
 
-        # Only the locked node: no node, and FailedNodes says why.
+        # Only the locked node: kept (the bind waits for the lock), nothing refused.
         again = await s.h.pod("ml", "b")
         result = await s.filter(again, ["node-1"])
-        assert result["NodeNames"] == [], result
-        assert result["FailedNodes"] == {"node-1": LOCKED}
+        assert result["NodeNames"] == ["node-1"], result
+        assert result["FailedNodes"] == {}
+        assert (await s.reservation("ml", "b"))[keys.VGPU_NODE] == "node-1"
 
         # The holder itself is not kept off its own node.
         held = await s.h.pod("ml", "a")
@@ -76,6 +80,7 @@ async def test_a_locked_node_keeps_exact_reasons_for_the_others(
         await s.bind(a, "node-1")
         b = await s.h.create("pod", pending_pod("b", mem=5000, cores=10))
         result = await s.filter(b, ["node-1", "node-3"])
-        assert result["NodeNames"] == []
-        assert result["FailedNodes"]["node-1"] == LOCKED
+        # The locked node is the only one that fits: kept, and node-3 still says why not.
+        assert result["NodeNames"] == ["node-1"]
+        assert set(result["FailedNodes"]) == {"node-3"}
         assert "CardInsufficientMemory" in result["FailedNodes"]["node-3"]

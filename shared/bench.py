@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import aiohttp
 import orjson
 
-from shared import bench_echo, messages, subjects
+from shared import bench_echo, bench_real, messages, subjects
 from shared.accounting_client import AccountingClient
 from shared.codes import Code
 from shared.core import codec, keys
@@ -46,6 +46,7 @@ from shared.core.pods import pod_from_object
 from shared.kube_emulator import KubeEmulator
 from shared.kube_emulator.faults import FaultRule, Faults
 from shared.nats_server import NatsServer
+from shared.realk8s import assets as realk8s_assets
 from shared.service import natsconn, processes
 from shared.service.wiring import InProcess
 from svc_accounting.ledger import Ledger
@@ -544,21 +545,75 @@ def bench_memory(reservations: int) -> dict[str, Any]:
     }
 
 
-async def run_bench(quick: bool, progress: Progress) -> dict[str, Any]:
+async def run_bench(quick: bool, progress: Progress, real_only: bool = False) -> dict[str, Any]:
     requests = 100 if quick else 1000
     concurrency = 8 if quick else 64
     node_counts = [20, 50] if quick else [100, 1000, 5000]
     figures: dict[str, Any] = {"quick": quick}
-    figures["round_trip"] = await bench_round_trips(requests, concurrency, progress)
-    figures["scheduling"] = await bench_scheduling(40 if quick else 500, progress)
-    figures["filter_latency"] = await bench_filter(node_counts, 5 if quick else 20, progress)
-    progress("accounting memory")
-    figures["accounting_memory"] = bench_memory(1000 if quick else 10_000)
+    if not real_only:
+        figures["round_trip"] = await bench_round_trips(requests, concurrency, progress)
+        figures["scheduling"] = await bench_scheduling(40 if quick else 500, progress)
+        figures["filter_latency"] = await bench_filter(node_counts, 5 if quick else 20, progress)
+        progress("accounting memory")
+        figures["accounting_memory"] = bench_memory(1000 if quick else 10_000)
+    figures["real_scheduling"] = await real_scheduling(quick, progress)
     return figures
+
+
+async def real_scheduling(quick: bool, progress: Progress) -> dict[str, Any]:
+    """The real-control-plane run (shared/bench_real.py), or why it was skipped."""
+    found = realk8s_assets.find()
+    if isinstance(found, str):
+        progress(f"real scheduling skipped: {found}")
+        return {"skipped": found}
+    if quick:
+        return await bench_real.bench_real_scheduling(
+            found, nodes=4, pods=20, runs=1, progress=progress
+        )
+    return await bench_real.bench_real_scheduling(
+        found, nodes=REAL_NODES, pods=REAL_PODS, runs=REAL_RUNS, progress=progress
+    )
+
+
+REAL_NODES = 20
+REAL_PODS = 300
+REAL_RUNS = 3
+"""The real run's size: issue 22's, 300 pods of 1 GPU / 1000 MiB on 20 nodes of 8 GPUs, three
+runs of each configuration."""
 
 
 def render(figures: dict[str, Any]) -> str:
     lines = ["numafit bench" + (" (quick)" if figures.get("quick") else ""), ""]
+    if "round_trip" in figures:
+        lines += render_emulated(figures)
+    lines += render_real(figures["real_scheduling"])
+    return "\n".join(lines)
+
+
+def render_real(real: dict[str, Any]) -> list[str]:
+    if "skipped" in real:
+        return ["", f"Real control plane: skipped ({real['skipped']})"]
+    lines = [
+        "",
+        f"Real control plane (kube-scheduler v1.28, etcd, kube-apiserver): {real['pods']} pods "
+        f"of 1 GPU / 1000 MiB on {real['nodes']} nodes of 8 GPUs, median of "
+        f"{len(real['plain']['runs'])} runs each, alternating:",
+    ]
+    plain = real["plain"]["pods_per_s"] or 0.0
+    for name in bench_real.CONFIGURATIONS:
+        value = real[name]
+        share = f"{100 * value['pods_per_s'] / plain:5.0f} % of plain" if plain else ""
+        runs = " / ".join(str(r["pods_per_s"]) for r in value["runs"])
+        lines.append(
+            f"  {name:<8} {value['pods_per_s']:7.1f} pods/s ({runs}) {share}  "
+            f"bind p50 {value['bind_latency_p50_s']} s p99 {value['bind_latency_p99_s']} s  "
+            f"{value['api_writes_per_pod']:.2f} writes/pod  {value['never_bound']} never bound"
+        )
+    return lines
+
+
+def render_emulated(figures: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     trips = figures["round_trip"]
     lines.append("Round trip as the device plugin sees it (refit moves a reservation each time):")
     rows = (
@@ -608,4 +663,4 @@ def render(figures: dict[str, Any]) -> str:
         f"{memory['reservations']} reservations on {memory['nodes']} nodes "
         f"({memory['bytes_per_reservation']:.0f} bytes each)"
     )
-    return "\n".join(lines)
+    return lines

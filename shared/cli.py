@@ -139,7 +139,9 @@ def simulate_command(
     return EXIT_OK
 
 
-def bench_command(quick: bool, want_json: bool, out: TextIO, err: TextIO) -> int:
+def bench_command(
+    quick: bool, want_json: bool, out: TextIO, err: TextIO, real_only: bool = False
+) -> int:
     import asyncio
 
     from shared.bench import render, run_bench
@@ -147,7 +149,7 @@ def bench_command(quick: bool, want_json: bool, out: TextIO, err: TextIO) -> int
 
     configure_logging("critical", "text")
     try:
-        figures = asyncio.run(run_bench(quick, _progress(err)))
+        figures = asyncio.run(run_bench(quick, _progress(err), real_only))
     except Exception as exc:  # one line for the user
         err.write(f"\nnumafit bench: {exc}\n")
         return EXIT_FAILURE
@@ -283,12 +285,19 @@ def build_parser() -> argparse.ArgumentParser:
             "server; scheduling throughput (pods bound per second through /filter then /bind, "
             "one pod at a time, 20 nodes of 8 GPUs) and API writes per scheduled pod; extender "
             "filter latency at 100, 1000 and 5000 nodes of 8 GPUs; accounting memory per 10,000 "
-            "reservations."
+            "reservations; and, where KUBEBUILDER_ASSETS names real kube-apiserver, "
+            "kube-controller-manager and kube-scheduler binaries (etcd there or on PATH), plain "
+            "kube-scheduler beside numafit (binpack, spread) on a real control plane."
         ),
     )
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     bench.add_argument(
         "--quick", action="store_true", help="small sizes (seconds, for smoke tests)"
+    )
+    bench.add_argument(
+        "--real-only",
+        action="store_true",
+        help="only the real-control-plane run (plain kube-scheduler beside numafit)",
     )
     demo = commands.add_parser(
         "demo",
@@ -380,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate":
         return simulate_command(args.scenario, args.json, sys.stdout, sys.stderr)
     if args.command == "bench":
-        return bench_command(args.quick, args.json, sys.stdout, sys.stderr)
+        return bench_command(args.quick, args.json, sys.stdout, sys.stderr, args.real_only)
     if args.command == "demo":
         if not args.json:
             sys.stdout.write(DEMO_INTRO + "\n")

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -167,6 +168,9 @@ class Leases:
         """Held partitions being handed over or lost: no longer served, key not yet freed."""
         self.owners: dict[int, str] = {}
         """Each partition's owner as last read (any replica)."""
+        self.sightings: Counter[int] = Counter()
+        """How many times each partition was seen held by another replica: a request kept for
+        a partition that was someone's meanwhile is that replica's to answer (ownership.py)."""
         self.members: set[str] = set()
         self.wanted: frozenset[int] = frozenset()
         """The partitions this replica should own among the live members (as last read)."""
@@ -422,6 +426,8 @@ class Leases:
                 found = await self._get(kv, key)
                 if found is not None:
                     owners[int(name)] = found[0].replica
+                    if found[0].replica != self.replica:
+                        self.sightings[int(name)] += 1
                     revisions[int(name)] = found[1]
                     renewed = found[0].renewed or found[0].since
                     expiries[int(name)] = renewed + self.ttl
@@ -510,6 +516,7 @@ class Leases:
             # Taken (or changed) meanwhile: someone's until a read says whose. Not unowned any
             # more, so requests for it are no longer kept here (its taker answers them).
             self.owners.setdefault(k, TAKEN_BY_ANOTHER)
+            self.sightings[k] += 1
             return None
         lease = Lease(k, revision, epoch, sent, since)
         self.held[k] = lease

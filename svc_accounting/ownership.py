@@ -95,6 +95,7 @@ class Ownership:
             return Admission.REFUSE
         if not self._coming(k, changes):
             return Admission.DROP
+        sightings = leases.sightings[k]
         try:
             async with asyncio.timeout(self.takeover_wait), self._changed:
                 await self._changed.wait_for(
@@ -102,6 +103,10 @@ class Ownership:
                 )
         except TimeoutError:
             pass
+        if leases.sightings[k] != sightings:
+            # Another replica held the partition while this request waited here (this one's
+            # view was behind): that replica received it too and answered it.
+            return Admission.DROP
         if leases.may_serve(k):
             return Admission.SERVE
         if (k in leases.held and leases.rebuilding(k)) or k in leases.releasing:

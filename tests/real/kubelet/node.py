@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from shared.service import natsconn
@@ -36,6 +37,18 @@ RUN_WITHIN = 90.0
 """Seconds a pod gets to run or be refused: kube-scheduler's backoff after a refusal reaches
 10 s, and a loaded 2-core runner is slow."""
 SETTLE_WITHIN = 30.0
+
+
+def heartbeat(condition: dict[str, Any]) -> float:
+    """A node condition's lastHeartbeatTime (RFC 3339, whole seconds) as a Unix time."""
+    stamp = condition.get("lastHeartbeatTime")
+    if not stamp:
+        return 0.0
+    return (
+        datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+        .replace(tzinfo=datetime.UTC)
+        .timestamp()
+    )
 
 
 def scheduling(pod: dict[str, Any]) -> dict[str, Any]:
@@ -124,10 +137,15 @@ class RealNode:
         def ready() -> bool:
             self.check_alive()
             node = self.api.node(NODE)
-            conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            conditions = {c["type"]: c for c in node["status"].get("conditions", [])}
+            ready = conditions.get("Ready", {})
             allocatable = node["status"].get("allocatable", {})
             return (
-                conditions.get("Ready") == "True"
+                ready.get("status") == "True"
+                # Reported by this kubelet, not the one before a restart: a restarted kubelet
+                # is NotReady for a moment, kube-controller-manager taints the node, and a pod
+                # kube-scheduler finds it tainted may wait minutes for its next try.
+                and heartbeat(ready) >= int(self.kubelet.started)
                 and not node["spec"].get("taints")
                 and allocatable.get(GPU_RESOURCE) == str(REPLICAS * len(GPU_NUMA))
             )

@@ -31,7 +31,6 @@ class Api:
         path: str,
         body: Any = None,
         *,
-        content_type: str = "application/json",
         query: dict[str, str] | None = None,
     ) -> Any:
         url = self.server + path
@@ -42,7 +41,7 @@ class Api:
             url,
             data=data,
             method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type},
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(request, context=self._ssl, timeout=30) as response:
@@ -66,9 +65,6 @@ class Api:
     def create(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body)
 
-    def merge_patch(self, path: str, body: Any) -> Any:
-        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
-
     def delete(self, path: str, grace_seconds: int | None = None) -> None:
         body = None if grace_seconds is None else {"gracePeriodSeconds": grace_seconds}
         try:
@@ -82,12 +78,6 @@ class Api:
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         pod: dict[str, Any] = self.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
         return pod
-
-    def pods(self, namespace: str, **query: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.get(f"/api/v1/namespaces/{namespace}/pods", **query)[
-            "items"
-        ]
-        return items
 
     def events(self, namespace: str, involved_uid: str) -> list[dict[str, Any]]:
         listed = self.get(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.real.kubelet import host
 from tests.real.kubelet.cases import SCHEDULER_NAME
 from tests.real.kubelet.kubelet import BEST_EFFORT, SINGLE_NUMA_NODE
 from tests.real.kubelet.node import RealNode
@@ -41,6 +42,8 @@ def real_node(
         yield node
     finally:
         node.stop()
+    # Reached when the tests are done, failed ones included: the teardown left nothing.
+    assert not host.leftovers(node.containerd.socket), host.leftovers(node.containerd.socket)
 
 
 @pytest.fixture

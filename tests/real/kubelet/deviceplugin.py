@@ -47,7 +47,6 @@ GPUS: list[dict[str, Any]] = [
     }
     for index, uuid in enumerate(GPU_NUMA)
 ]
-NUMA_GPUS = {numa: sorted(u for u, n in GPU_NUMA.items() if n == numa) for numa in (0, 1)}
 
 SUBSTITUTED = (
     "--metrics-port=",

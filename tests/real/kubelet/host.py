@@ -121,3 +121,12 @@ def clean_kubelet_leftovers() -> None:
     remove_tree(POD_LOGS)
     remove_tree(CONTAINER_LOGS)
     remove_cgroups()
+
+
+def leftovers(containerd_socket: Path) -> list[str]:
+    """What is still on the host after a teardown (nothing, when it worked)."""
+    found = [str(p) for p in (KUBELET_ROOT, POD_LOGS, CONTAINER_LOGS) if p.exists()]
+    found += [str(d) for d in _cgroup_dirs(KUBEPODS)]
+    found += [f"mount {m}" for m in mounts_under(KUBELET_ROOT)]
+    found += [f"shim pid {p}" for p in processes_with_argument(str(containerd_socket))]
+    return found

@@ -162,10 +162,6 @@ class PodSeen:
     spec: dict[str, Any] = field(default_factory=dict)
     """The pod's spec as the API server holds it (after the admission webhook)."""
 
-    def container(self, name: str) -> ContainerSeen:
-        (found,) = [c for c in self.containers if c.name == name]
-        return found
-
     def event_reasons(self) -> list[str]:
         return [reason for _, reason, _ in self.events]
 

@@ -38,9 +38,9 @@ pytestmark = kubelet_tier()
 IDLE = dict.fromkeys(GPU_NUMA, 0.0)
 
 
-def usage(**mib: float) -> dict[str, float]:
-    """Accounting's expected MiB per GPU: `GPU_7=20000` and zero elsewhere."""
-    return {**IDLE, **{k.replace("_", "-"): v for k, v in mib.items()}}
+def usage(mib: dict[str, float]) -> dict[str, float]:
+    """Accounting's expected MiB per GPU: `mib`'s, and zero on every other GPU."""
+    return {**IDLE, **mib}
 
 
 def refit_answers(stack: NumafitStack) -> dict[str, float]:
@@ -78,7 +78,7 @@ def test_refit_moves_the_reservation_to_kubelets_numa_node(
     ]
     assert "AllocationDiffersFromReservation" not in seen.event_reasons()
     assert seen.refits == {f"{case.alignment}/moved": 1}
-    assert seen.reserved_memory == usage(GPU_7=20000)
+    assert seen.reserved_memory == usage({"GPU-7": 20000})
 
 
 def test_strict_that_cannot_be_aligned_is_refused_with_the_reason(
@@ -160,7 +160,7 @@ def test_best_effort_refit_unanswered_runs_kubelets_pick_and_records_it(
         assert seen.events_named("AllocationDiffersFromReservation") == [
             f"container 0 runs on {gpu}, not the reserved GPU-3; accounting follows what runs"
         ]
-        assert seen.reserved_memory == usage(**{gpu.replace("-", "_"): 20000})
+        assert seen.reserved_memory == usage({gpu: 20000})
 
         # The resumed refit service handles the request kubelet gave up on: by then its
         # deadline has passed, or Allocate has consumed the entry; either way it is refused
@@ -197,7 +197,7 @@ def test_pod_not_opted_in_runs_kubelets_pick_and_accounting_follows(
         f"container 0 runs on {gpu}, not the reserved GPU-3; accounting follows what runs"
     ]
     assert seen.refits == {"none/not_opted_in": 1}
-    assert seen.reserved_memory == usage(**{gpu.replace("-", "_"): 20000})
+    assert seen.reserved_memory == usage({gpu: 20000})
 
 
 def test_two_gpus_not_opted_in_run_on_two_distinct_gpus(run: Callable[[Case], PodSeen]) -> None:
@@ -212,7 +212,7 @@ def test_two_gpus_not_opted_in_run_on_two_distinct_gpus(run: Callable[[Case], Po
     assert main.cpus == "1"
     assert sorted(main.allocated) == [(g, 10000, 30) for g in main.gpus]
     agrees(main)
-    assert seen.reserved_memory == usage(**{g.replace("-", "_"): 10000 for g in main.gpus})
+    assert seen.reserved_memory == usage(dict.fromkeys(main.gpus, 10000))
 
 
 def test_burstable_pod_is_not_pinned_and_keeps_its_reservation(
@@ -227,7 +227,7 @@ def test_burstable_pod_is_not_pinned_and_keeps_its_reservation(
     agrees(main)
     assert seen.refits == {"best-effort/no_mismatch": 1}
     assert not [r for r in seen.event_reasons() if r.startswith(("NumaRefit", "Allocation"))]
-    assert seen.reserved_memory == usage(GPU_3=20000)
+    assert seen.reserved_memory == usage({"GPU-3": 20000})
 
 
 def test_init_container_devices_are_reused_by_the_app_container(
@@ -251,5 +251,5 @@ def test_init_container_devices_are_reused_by_the_app_container(
         agrees(container)
     assert seen.refits == {"strict/no_mismatch": 1}  # one GetPreferredAllocation: the init's
     assert seen.ledger_released is True
-    assert seen.reserved_memory == usage(GPU_7=20000)
+    assert seen.reserved_memory == usage({"GPU-7": 20000})
     assert "AllocationDiffersFromReservation" not in seen.event_reasons(), seen.events

@@ -1221,10 +1221,12 @@ class Operations:
             name = self._node_name(op, node_token, node, request_kind.WHAT)
             self._admit(op, name, node_token)
             deadline = deadline_of(request, received)
-            if deadline is not None and deadline.expired:
-                # Read late: this replica was paused, or the request waited out a takeover.
-                # An answer now reaches nobody, and could be a second one: nothing is done
-                # and nothing is said (counted, and warned of, by the caller of `handle`).
+            if request.deadline_at_ms is not None and time.time() * 1000 > request.deadline_at_ms:
+                # Read after the caller's own (absolute) deadline: this replica was paused, or
+                # the request waited out a takeover. An answer now reaches nobody and could be
+                # a second one: nothing is done and nothing is said (counted, and warned of,
+                # by the caller of `handle`). A relative budget already spent on arrival is
+                # the caller's to hear about: it is refused below, with an answer.
                 self._late()
                 raise ReadTooLate(op)
             _DEADLINE.set(deadline)

@@ -52,6 +52,8 @@ log = logging.getLogger("numafit.accounting")
 SUFFIX = "-intents"
 MAX_AGE = 120.0
 """Seconds an intent is kept: twice kube-apiserver's longest request timeout (60 s)."""
+OPEN_TIMEOUT = 15.0
+"""Seconds start-up keeps trying to open the bucket (as for the lease bucket)."""
 MAX_PENDING_TASKS = 1024
 """Deletes of settled intents in the background at most (beyond it they are awaited)."""
 
@@ -101,8 +103,26 @@ class IntentLog:
         self._kv: KeyValue | None = None
         self._deletes: set[asyncio.Task[None]] = set()
 
-    async def open(self) -> None:
-        """Bind (or create) the bucket; the leases bucket opened first, so JetStream answers."""
+    async def open(self, within: float = OPEN_TIMEOUT) -> None:
+        """Bind (or create) the bucket, retrying what a NATS cluster says while it settles (a
+        stream leader being elected after the lease bucket's creation): ConnectionError when
+        it still cannot be opened after `within` seconds."""
+        deadline = time.monotonic() + within
+        backoff = 0.05
+        while True:
+            try:
+                await self._open()
+                return
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(
+                        f"cannot open intent bucket {self.bucket}: {exc!r}"[:300]
+                    ) from exc
+                log.info("intent bucket not ready; retrying", extra={"error": repr(exc)[:200]})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _open(self) -> None:
         js = self.nc.jetstream(timeout=max(self.timeout, 1.0))
         try:
             self._kv = await js.key_value(self.bucket)
@@ -147,7 +167,7 @@ class IntentLog:
                     revision = await kv.put(key, _ENCODER.encode(intent))
                 except LOST_STREAM:
                     # The bucket is gone (its NATS server lost its store): made again, once.
-                    await self.open()
+                    await self._open()
                     revision = await self._require().put(key, _ENCODER.encode(intent))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise IntentUnavailable(f"cannot record the write's intent: {exc!r}"[:200]) from exc
@@ -211,7 +231,7 @@ class IntentLog:
             # Gone with its server's store: nothing can be known of the writes it held (a
             # memory store; this bucket is kept on file so that a restart does not lose it).
             log.warning("intent bucket lost; created again", extra={"bucket": self.bucket})
-            await self.open()
+            await self._open()
             return []
         out: list[tuple[Recorded, WriteIntent | None]] = []
         for key in found:

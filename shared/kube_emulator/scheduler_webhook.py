@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 WEBHOOK_NAME = "pods.numafit-scheduler.numafit.io"
 """The webhook name the API server would quote ("admission webhook ... denied the request")."""
+EXCLUDED_NAMESPACES = frozenset({"kube-system"})
+"""Namespaces the API server never sends to the webhook: the svc-scheduler chart's default
+`webhooks.excludeNamespaces` (its namespaceSelector; the release namespace is added there, and
+numafit's own services run as no pods here). A pod in them is admitted untouched, as on a
+cluster (seen on the real tier: an init container asking for a whole GPU runs there, while the
+webhook elsewhere gives it gpucores)."""
 
 
 class AdmissionDecider(Protocol):
@@ -32,11 +38,16 @@ class AdmissionDecider(Protocol):
 
 
 def emulator_admission_hook(
-    admission: AdmissionDecider, webhook: str = WEBHOOK_NAME
+    admission: AdmissionDecider,
+    webhook: str = WEBHOOK_NAME,
+    excluded_namespaces: frozenset[str] = EXCLUDED_NAMESPACES,
 ) -> AdmissionHook:
-    """An emulator AdmissionHook running `admission` (mutation and validation in one pass)."""
+    """An emulator AdmissionHook running `admission` (mutation and validation in one pass) on
+    pods outside `excluded_namespaces`."""
 
     async def hook(request: AdmissionRequest) -> JSONDict | None:
+        if request.namespace in excluded_namespaces:
+            return None  # the namespaceSelector leaves it out: the webhook is never called
         decision = await admission.decide(request.operation, request.namespace, request.object)
         if not decision.allowed:
             raise AdmissionDenied(

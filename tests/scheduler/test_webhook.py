@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from shared.core import keys
-from shared.kube_emulator.scheduler_webhook import WEBHOOK_NAME, emulator_admission_hook
+from shared.kube_emulator.scheduler_webhook import (
+    EXCLUDED_NAMESPACES,
+    WEBHOOK_NAME,
+    emulator_admission_hook,
+)
 from svc_scheduler.extender_wire import BadInput
 from svc_scheduler.webhook import PodAdmission, parse_review
 from tests.builders import container, quota
 from tests.raw_kube import raw
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
 
-if TYPE_CHECKING:
-    from pathlib import Path
+REPO = Path(__file__).resolve().parents[2]
 
 
 def review(pod: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
@@ -183,6 +188,26 @@ async def test_hook_without_quota_source_still_refuses_invalid_values() -> None:
         await hook(AdmissionRequest("CREATE", "Pod", "ml", "w", pod))
     assert "'slot' given twice" in denied.value.message
     assert await hook(AdmissionRequest("UPDATE", "Pod", "ml", "w", pod)) is None
+
+
+async def test_the_hook_leaves_the_charts_excluded_namespaces_alone() -> None:
+    """As the chart's namespaceSelector does on a cluster: a pod in kube-system is never sent
+    to the webhook, so an invalid value there is not refused and nothing is patched."""
+    from shared.kube_emulator import AdmissionDenied, AdmissionRequest
+
+    hook = emulator_admission_hook(PodAdmission())
+    bad = pending_pod("w", annotations={keys.SCORING_WEIGHTS: "slot=1,slot=1,memory=1"})
+    assert await hook(AdmissionRequest("CREATE", "Pod", "kube-system", "w", bad)) is None
+    with pytest.raises(AdmissionDenied):
+        await hook(AdmissionRequest("CREATE", "Pod", "ml", "w", bad))
+    gpu_pod = pending_pod("g", containers=[container("main", 1)])
+    assert await hook(AdmissionRequest("CREATE", "Pod", "kube-system", "g", gpu_pod)) is None
+    assert await hook(AdmissionRequest("CREATE", "Pod", "ml", "g", gpu_pod)) is not None
+
+
+def test_the_emulators_excluded_namespaces_are_the_charts_default() -> None:
+    values = yaml.safe_load((REPO / "helm/svc-scheduler/values.yaml").read_text())
+    assert frozenset(values["webhooks"]["excludeNamespaces"]) == EXCLUDED_NAMESPACES
 
 
 def test_parse_review_reads_what_the_webhook_needs() -> None:

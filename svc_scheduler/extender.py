@@ -270,6 +270,7 @@ class Extender:
         if not names:
             return filter_result(args, [], rejected), NO_FIT
         deadline = Deadline.after_ms(self.request_timeout * 1000)
+        confirmed = False
         for attempt in range(1, self.max_attempts + 1):
             tracked, quota, views = await self._state(pod, names, deadline)
             probe = None
@@ -278,6 +279,14 @@ class Extender:
                 probe = QuotaProbe(quota, pod.namespace, pod.kinds, False, exclude)
             placement = self._place(names, views, tracked, pod, requests, options, policy, probe)
             refused = {**rejected, **placement.refused}
+            doubtful = self.read_model.unconfirmed(placement.refused)
+            if placement.chosen is None and doubtful and not confirmed:
+                # A refusal must not rest on a view that may hide a change (an uncordoned GPU,
+                # say): those nodes are fetched, and the pod decided again.
+                for name in doubtful:
+                    self.read_model.invalidate(name)
+                confirmed = True
+                continue
             if placement.chosen is None and probe is not None:
                 # Refused by the namespace's quota alone (the pod fits once it is not counted)?
                 # That clears when the quota is raised or another pod of the namespace leaves,
@@ -409,10 +418,13 @@ class Extender:
         )
         waiting = [n for n in placement.refused if n in busy and busy[n] == placement.refused[n]]
         if placement.chosen is None and waiting:
-            # Every node that fits is busy: the policy's pick among them (the bind waits for
-            # its lock) rather than a refusal kube-scheduler would park the pod on.
+            # Every node that fits is busy: the policy's pick among those with the fewest binds
+            # to come (the bind waits for its lock, behind them) rather than a refusal
+            # kube-scheduler would park the pod on.
+            queued = self.pending_binds.queued(pod.uid)
+            shortest = min(queued.get(n, 0) for n in waiting)
             among = place_pod(
-                {n: snapshots[n] for n in waiting},
+                {n: snapshots[n] for n in waiting if queued.get(n, 0) == shortest},
                 requests,
                 pod.kinds,
                 options,
@@ -689,7 +701,10 @@ class Extender:
             return "binding_failed", "no Kubernetes client configured"
         try:
             async with asyncio.timeout(self._bind_budget(deadline, FAILURE_RESERVE)):
-                body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
+                # From the API server's watch cache: the uid and the scheduler name never
+                # change, and kube-scheduler learned of the pod from that cache (a quorum read
+                # per bind was an etcd round trip on every bind's path).
+                body = await self.kube.get_pod_cached(args.pod_namespace, args.pod_name)
         except kube_io.NotFound:
             return Code.POD_NOT_TRACKED.value, f"cannot bind pod {key}: it does not exist"
         except (TimeoutError, FilterError):

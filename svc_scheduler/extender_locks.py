@@ -111,6 +111,15 @@ class PendingBinds:
     def done(self, uid: str) -> None:
         self._by_uid.pop(uid, None)
 
+    def queued(self, exclude_uid: str, now: float | None = None) -> dict[str, int]:
+        """Node -> how many other pods' binds are to come there."""
+        counts: dict[str, int] = {}
+        moment = time.monotonic() if now is None else now
+        for uid, (node, _, since) in self._by_uid.items():
+            if uid != exclude_uid and moment - since <= BIND_EXPECTED_WITHIN:
+                counts[node] = counts.get(node, 0) + 1
+        return counts
+
     def busy(self, exclude_uid: str, now: float | None = None) -> dict[str, str]:
         """Node -> why it is busy, for the nodes with another pod's bind to come."""
         moment = time.monotonic() if now is None else now

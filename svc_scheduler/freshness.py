@@ -13,11 +13,17 @@ The rules:
   partitioned, of the partition ownership) that published them. An update under an epoch never
   seen (accounting restarted, or a replica took a partition over): everything is fetched again
   (`needs_full`); an update under another epoch than the node's view: that node is stale;
-- a node it does not know, a revision gap, a device set that differs from the inventory it
-  holds: that node is stale;
-- a revision bump with unchanged usage: that node is stale too. Such a bump is a change the
-  usage table does not show (a cordon, a new register annotation, a bind phase), and a cordon
-  must be seen before the next fit;
+- a node it does not know, a device set that differs from the inventory it holds: that node
+  is stale;
+- a revision gap, or a revision bump with unchanged usage, may hide a change the usage table
+  does not show (a cordon, a new register annotation; a bind phase does not matter here): the
+  update is applied, it is the node's latest usage and lock, but the node is *unconfirmed*
+  until a snapshot. A decision may rest on it (accounting re-checks every reserve: revision,
+  health, cordons, usage and quota, and refuses what no longer fits), a refusal may not: the
+  extender fetches the unconfirmed candidates before it refuses a pod (`unconfirmed`). Under
+  load most updates are such (accounting publishes a node's state after answering, and two
+  commits close together publish one revision apart by two; bind phases and consumes change
+  no usage): fetching the node for each made nearly every filter wait for a snapshot;
 - an applied update carries the node's lock (`allocating`); a snapshot's lock is computed from
   its pods by the core's rule, so both ways give the same view;
 - a commit answered with a revision (`expect`): the node is stale until it holds that one;
@@ -99,6 +105,9 @@ class Freshness:
     did."""
     _ahead: set[str] = field(default_factory=set)
     """Nodes whose view is ahead of accounting's last answer on an update's word only."""
+    _unconfirmed: set[str] = field(default_factory=set)
+    """Nodes whose view an update set that may have hidden a change (a gap, unchanged usage):
+    good to decide on, to be fetched before a refusal rests on it."""
     _quota: dict[str, tuple[QuotaLedger, float]] = field(default_factory=dict)
 
     # --- what is known ----------------------------------------------------------------------
@@ -174,7 +183,7 @@ class Freshness:
             return
         if not subjects.valid_name(node):
             return  # accounting only knows Kubernetes node names
-        if view is None or update.revision > view.revision + 1:
+        if view is None:
             self._stale.add(node)
             return
         if update.revision <= view.revision:
@@ -183,9 +192,18 @@ class Freshness:
         if updated is None:
             self._stale.add(node)
             return
+        if update.revision > view.revision + 1 or _same_usage(updated, view.snapshot):
+            self._unconfirmed.add(node)
         lock = update.allocating.to_core() if update.allocating is not None else None
         self._views[node] = NodeView(node, update.revision, updated, lock, update.epoch)
         self._stamp(node, confirmed=False)
+
+    def unconfirmed(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` (once each, in order) whose view may hide a change: fetched before
+        a refusal rests on them."""
+        if not self._unconfirmed:
+            return []
+        return [name for name in dict.fromkeys(names) if name in self._unconfirmed]
 
     def apply_snapshot(
         self,
@@ -211,6 +229,7 @@ class Freshness:
             self._views, self._stamps = {}, {}
             self._stale.clear()
             self._ahead.clear()
+            self._unconfirmed.clear()
             self.needs_full = False
             self.epochs = {v.epoch for v in received}
         else:
@@ -250,6 +269,7 @@ class Freshness:
             self._stamp(name, confirmed=True)
             self._stale.discard(name)
             self._ahead.discard(name)
+            self._unconfirmed.discard(name)
         if asked is not None and all(v.name != asked for v in received):
             self.drop(asked)
         return overruled
@@ -272,6 +292,7 @@ class Freshness:
         self._stamps.pop(node, None)
         self._stale.discard(node)
         self._ahead.discard(node)
+        self._unconfirmed.discard(node)
         self._expected.pop(node, None)
 
     def _stamp(self, node: str, *, confirmed: bool) -> None:
@@ -299,12 +320,13 @@ class Freshness:
 
 def _with_usage(snapshot: NodeSnapshot | None, update: UsageUpdate) -> NodeSnapshot | None:
     """`snapshot` with the published usage, or None when the table cannot be applied as is
-    (another device set, or unchanged usage: see the module docstring)."""
+    (a node without inventory, or another device set: see the module docstring)."""
     if snapshot is None:
         return None
-    updated = apply_usage(snapshot, update.devices)
-    if updated is None:
-        return None
-    if [d.as_dict() for d in updated.devices] == [d.as_dict() for d in snapshot.devices]:
-        return None
-    return updated
+    return apply_usage(snapshot, update.devices)
+
+
+def _same_usage(updated: NodeSnapshot, snapshot: NodeSnapshot | None) -> bool:
+    return snapshot is not None and [d.as_dict() for d in updated.devices] == [
+        d.as_dict() for d in snapshot.devices
+    ]

@@ -201,6 +201,11 @@ class ReadModel:
     def invalidate(self, node: str) -> None:
         self.freshness.invalidate(node)
 
+    def unconfirmed(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` whose view may hide a change (freshness.py): fetched before a
+        refusal rests on them."""
+        return self.freshness.unconfirmed(names)
+
     def expect(self, node: str, revision: int) -> None:
         """A commit answered with `revision`: anything older is stale for this node."""
         self.freshness.expect(node, revision)

@@ -173,6 +173,23 @@ class Kube:
         )
         return body
 
+    async def get_pod_cached(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as the API server's watch cache has it (`resourceVersion=0`: no quorum read
+        from etcd), for what never changes on a pod once created (its uid, its scheduler)."""
+        body: dict[str, Any] = await _call(
+            lambda: self.api.call_api(
+                "/api/v1/namespaces/{namespace}/pods/{name}",
+                "GET",
+                {"namespace": namespace, "name": name},
+                [("resourceVersion", "0")],
+                {"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+            ),
+            f"get pod {namespace}/{name}",
+        )
+        return body
+
     async def patch_pod_annotations(
         self,
         namespace: str,

@@ -1,8 +1,9 @@
 """The read model's freshness rules, without NATS: apply updates in order, or ask for a fetch
-when an update cannot describe the node completely (gap, new epoch, unknown node, other devices,
-unchanged usage such as a cordon); accounting's snapshot overrules a view ahead of it unless that
-view arrived while the snapshot travelled (then the node is fetched again); quota is trusted a
-while."""
+when an update cannot describe the node completely (new epoch, unknown node, other devices);
+one that may hide a change (a gap, unchanged usage such as a cordon) is applied and leaves the
+node unconfirmed until a snapshot (a refusal fetches it first); accounting's snapshot overrules
+a view ahead of it unless that view arrived while the snapshot travelled (then the node is
+fetched again); quota is trusted a while."""
 
 from __future__ import annotations
 
@@ -75,18 +76,33 @@ def test_old_update_is_ignored() -> None:
     assert state.is_fresh("node-1")
 
 
-def test_gap_marks_the_node_stale() -> None:
+def test_a_gap_applies_the_update_but_leaves_the_node_unconfirmed() -> None:
+    # Two commits close together publish revisions 4 and 5 as two updates of revision 5: the
+    # table is the node's latest, but a change it does not show may hide in the gap.
     state = fresh_at(3)
     state.apply_update(update(5))
-    assert not state.is_fresh("node-1") and state.needs_fetch("node-1")
-    assert state.to_fetch(["node-1", "node-1", "made-up"]) == ["node-1"]
+    current = state.view("node-1")
+    assert current is not None and current.revision == 5
+    assert current.snapshot is not None and current.snapshot.usage_table()["GPU-a"]["used"] == 1
+    assert state.is_fresh("node-1") and state.to_fetch(["node-1"]) == []  # decide on it
+    assert state.unconfirmed(["node-1", "node-1", "made-up"]) == ["node-1"]  # refuse: fetch
+    # An in-order update does not confirm it (the hidden change would still be hidden).
+    state.apply_update(update(6, usage(2)))
+    assert state.unconfirmed(["node-1"]) == ["node-1"]
+    # Accounting's snapshot does.
+    state.apply_snapshot("e1", [view(6, used=2)], full=False, asked="node-1")
+    assert state.unconfirmed(["node-1"]) == []
 
 
-def test_unchanged_usage_marks_the_node_stale() -> None:
-    # A cordon or register change bumps the revision without touching usage.
+def test_unchanged_usage_leaves_the_node_unconfirmed() -> None:
+    # A cordon or register change bumps the revision without touching usage (so do a bind
+    # phase and a consume).
     state = fresh_at(3)
     state.apply_update(update(4, usage(0)))
-    assert not state.is_fresh("node-1")
+    assert state.is_fresh("node-1") and state.unconfirmed(["node-1"]) == ["node-1"]
+    fresh = fresh_at(3)
+    fresh.apply_update(update(4, usage(1)))  # in order, usage changed: nothing hidden
+    assert fresh.unconfirmed(["node-1"]) == []
 
 
 def test_other_device_set_marks_the_node_stale() -> None:

@@ -37,6 +37,13 @@ does what kube-scheduler does for every pod with schedulerName numafit-scheduler
 created it: /filter, /prioritize, /bind through the extender, FailedScheduling Events and
 retries with backoff, then admission by the node's kubelet.
 
+With --control-plane real (the binaries found through KUBEBUILDER_ASSETS, envtest's
+convention; etcd there or on PATH) the cluster is upstream Kubernetes instead: etcd,
+kube-apiserver (HTTPS on --api-port), kube-controller-manager, and kube-scheduler with
+numafit's extender stanza (filter, prioritize, bind; nvidia.com/* ignoredByScheduler) in place
+of the emulator and the scheduling loop; the webhook is a real MutatingWebhookConfiguration
+over HTTPS, and the kubelet emulators register their nodes on the real API server.
+
 It prints `export KUBECONFIG=...` for kubectl, the URLs and the metrics ports (compose's:
 scheduler 9101, accounting 9102, refit 9103, device plugin 9104 and up), and writes a
 kubeconfig, a Prometheus configuration and stack.json into --state-dir.
@@ -48,6 +55,7 @@ examples:
   numafit up --nodes 3 --gpus 4 --load        three nodes, a steady workload for Prometheus
   numafit up --scenario examples/single-numa-node-mismatch.yaml
   numafit up --host 0.0.0.0                   reachable from other machines
+  KUBEBUILDER_ASSETS=.cache/k8s numafit up --control-plane real
 then, in another terminal:
   export KUBECONFIG=<the path it printed>
   kubectl apply -f examples/pods/refit-best-effort.yaml
@@ -131,6 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("binpack", "spread"),
         help="node policy of pods without hami.io/node-scheduler-policy (default binpack)",
     )
+    nodes.add_argument(
+        "--control-plane",
+        choices=("emulator", "real"),
+        default="emulator",
+        help="emulator: numafit's API emulator and scheduling loop (default); real: etcd, "
+        "kube-apiserver, kube-controller-manager and kube-scheduler with the extender, from "
+        "the folder named by KUBEBUILDER_ASSETS",
+    )
     net = parser.add_argument_group("addresses (0 for a port picks a free one)")
     net.add_argument(
         "--host",
@@ -143,7 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_port,
         metavar="PORT",
         default=defaults.API_PORT,
-        help="Kubernetes API emulator (default %(default)s)",
+        help="Kubernetes API emulator, or kube-apiserver's HTTPS port with --control-plane real "
+        "(default %(default)s)",
     )
     net.add_argument(
         "--nats-port",
@@ -299,6 +316,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         load_namespace=args.load_namespace,
         seed=args.seed,
         scrape_interval=args.scrape_interval,
+        control_plane=args.control_plane,
         **extra,
     )
 
@@ -344,6 +362,11 @@ def banner(stack: LocalStack) -> str:
         )
     else:
         lines.append("  load                off (--load keeps GPU pods coming)")
+    if options.real:
+        lines.append(
+            "  control plane       real: etcd, kube-apiserver, kube-controller-manager, "
+            "kube-scheduler (extender above)"
+        )
     if options.host not in ("127.0.0.1", "localhost", "::1"):
         lines.append(f"  listening on        {options.host}")
     lines += [
@@ -404,6 +427,10 @@ def up_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"numafit up: {exc}\n")
         return EXIT_USAGE
     try:
+        if options.real:
+            from shared.local.realplane import find_assets
+
+            find_assets()  # one line naming KUBEBUILDER_ASSETS where the binaries are absent
         check_ports(options.host, options.fixed_ports())  # before anything starts or logs
     except StackError as exc:
         err.write(f"numafit up: {exc}\n")

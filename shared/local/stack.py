@@ -29,6 +29,7 @@ from shared.local.defaults import StackError
 from shared.local.events import EventSink
 from shared.local.kubelets import Kubelets
 from shared.local.load import Load
+from shared.local.realplane import NodeAgent, RealCluster, ensure_namespace
 from shared.local.scheduling_loop import SchedulingLoop
 from shared.nats_server import NatsServer
 from shared.service import kube_io
@@ -68,6 +69,13 @@ class UpOptions:
     load_namespace: str = defaults.LOAD_NAMESPACE
     seed: int = 7
     scrape_interval: str = defaults.SCRAPE_INTERVAL
+    control_plane: str = "emulator"
+    """emulator: numafit's API emulator and scheduling loop; real: etcd, kube-apiserver,
+    kube-controller-manager and kube-scheduler with the extender (shared.local.realplane)."""
+
+    @property
+    def real(self) -> bool:
+        return self.control_plane == "real"
 
     def metrics_port(self, position: int) -> int:
         return self.metrics_port_base + position if self.metrics_port_base else 0
@@ -97,13 +105,25 @@ class Endpoint:
 class LocalStack:
     def __init__(self, options: UpOptions) -> None:
         self.options = options
-        self.cluster = SimCluster(
-            options.scenario,
-            nats=NatsServer(port=options.nats_port or None, host=options.host),
-            emulator=KubeEmulator(host=options.host, port=options.api_port),
-            scheduler_host=options.host,
-            scheduler_port=options.extender_port,
-        )
+        nats = NatsServer(port=options.nats_port or None, host=options.host)
+        if options.real:
+            # StackError, one line naming KUBEBUILDER_ASSETS, where the binaries are absent.
+            self.cluster: SimCluster = RealCluster(
+                options.scenario,
+                nats=nats,
+                scheduler_host=options.host,
+                scheduler_port=options.extender_port,
+                api_port=options.api_port,
+            )
+        else:
+            self.cluster = SimCluster(
+                options.scenario,
+                nats=nats,
+                emulator=KubeEmulator(host=options.host, port=options.api_port),
+                scheduler_host=options.host,
+                scheduler_port=options.extender_port,
+            )
+        self.agent: NodeAgent | None = None
         self.health: list[HealthServer] = []
         self.endpoints: list[Endpoint] = []
         self.loop: SchedulingLoop | None = None
@@ -132,20 +152,32 @@ class LocalStack:
         except OSError as exc:
             raise StackError(f"cannot create the state directory {self.state_dir}: {exc}") from exc
         await self.cluster.start(progress)
-        self.cluster.emulator.write_kubeconfig(self.kubeconfig)
+        if isinstance(self.cluster, RealCluster):
+            # The admin's token kubeconfig: kubectl works as with the emulator's.
+            _write(self.kubeconfig, self.cluster.admin_kubeconfig.read_text())
+            os.chmod(self.kubeconfig, 0o600)
+        else:
+            self.cluster.emulator.write_kubeconfig(self.kubeconfig)
         progress("serving every service's metrics")
         await self._serve_metrics()
-        progress("starting the scheduling loop")
         wiring = self.cluster.wiring
         assert wiring is not None
         kube = await wiring.kube("numafit-up")
         self._session = aiohttp.ClientSession()
         events = EventSink(kube)
         kubelets = Kubelets(Driver(self.cluster, self._session), self.cluster.nodes, events)
-        self.loop = SchedulingLoop(
-            kube, self.cluster.scheduler_url, self._session, kubelets, events
-        )
-        await self.loop.start()
+        if options.real:
+            progress("starting the nodes' agent (kube-scheduler schedules)")
+            self.agent = NodeAgent(kube, kubelets, options.scenario.nodes)
+            await self.agent.start()
+            for namespace in self._namespaces():
+                await ensure_namespace(kube, namespace)
+        else:
+            progress("starting the scheduling loop")
+            self.loop = SchedulingLoop(
+                kube, self.cluster.scheduler_url, self._session, kubelets, events
+            )
+            await self.loop.start()
         self._write_state()
         await self._create_scenario_pods(kube, progress)
         if options.load:
@@ -240,7 +272,12 @@ class LocalStack:
         nats_port = self.cluster.nats.port
         return {
             "kubeconfig": str(self.kubeconfig),
-            "api": self.cluster.emulator.url,
+            "api": (
+                self.cluster.api_url
+                if isinstance(self.cluster, RealCluster)
+                else self.cluster.emulator.url
+            ),
+            "controlPlane": self.options.control_plane,
             "nats": f"nats://{self.local_host}:{nats_port}",
             "extender": self.cluster.scheduler_url,
             "metrics": {
@@ -259,7 +296,6 @@ class LocalStack:
     ) -> None:
         """The scenario's steps through the API, in order: each pod's first scheduling attempt
         (admission included) ends before the next step."""
-        assert self.loop is not None
         for step in self.options.scenario.steps:
             if isinstance(step, CreatePod):
                 progress(f"creating {step.key}")
@@ -269,19 +305,36 @@ class LocalStack:
                 except kube_io.KubeError as exc:
                     log.warning("scenario pod refused", extra={"pod": step.key, "error": str(exc)})
                     continue
+                uid = created["metadata"]["uid"]
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(SCENARIO_POD_TIMEOUT):
-                        await self.loop.first_attempt(created["metadata"]["uid"])
+                        if self.agent is not None:
+                            await self.agent.first_attempt(uid)
+                        elif self.loop is not None:
+                            await self.loop.first_attempt(uid)
             else:
                 progress(f"deleting {step.namespace}/{step.name}")
                 with contextlib.suppress(kube_io.NotFound):
                     await kube.delete_pod(step.namespace, step.name)
+
+    def _namespaces(self) -> list[str]:
+        """Every namespace the scenario and the load create pods in (the real API server
+        refuses a pod in a namespace that does not exist; the emulator makes it)."""
+        names = {"default"}
+        for step in self.options.scenario.steps:
+            if isinstance(step, CreatePod):
+                names.add(step.manifest["metadata"].get("namespace", "default"))
+        if self.options.load:
+            names.add(self.options.load_namespace)
+        return sorted(names)
 
     async def stop(self) -> None:
         if self.load is not None:
             await self.load.stop()
         if self.loop is not None:
             await self.loop.stop()
+        if self.agent is not None:
+            await self.agent.stop()
         for server in self.health:
             with contextlib.suppress(Exception):
                 await server.stop()

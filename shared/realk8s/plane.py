@@ -53,13 +53,14 @@ def free_port() -> int:
 
 
 class ControlPlane:
-    def __init__(self, assets: Assets, tmp: Path) -> None:
+    def __init__(self, assets: Assets, tmp: Path, port: int = 0) -> None:
+        """`port`: the API server's secure port (0: a free one; `numafit up` names one)."""
         self.assets = assets
         self.tmp = tmp
         self.processes = Processes(tmp / "logs")
         self.authority = pki.Authority(tmp / "pki")
         self.admin_token = secrets.token_hex(16)
-        self.port = free_port()
+        self.port = port or free_port()
         self.server = f"https://127.0.0.1:{self.port}"
         self.ca_file = self.authority.cert
         self.kubeconfig = self.token_kubeconfig("admin", self.admin_token)

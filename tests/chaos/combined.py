@@ -214,6 +214,7 @@ class CombinedRun:
         self._arrived_wall: dict[str, float] = {}
         """The same, as Unix time (to find it in the replicas' logs)."""
         self._pauses: set[asyncio.Future[None]] = set()
+        self._deck: list[str] = []
         self._lags: list[tuple[float, float]] = []
         """(when, how long) each time this event loop woke late."""
         self._holders: set[str] = set()
@@ -431,7 +432,11 @@ class CombinedRun:
     async def _faults(self) -> None:
         while not self._stop.is_set():
             await asyncio.sleep(self.rng.uniform(2.0, 4.0))
-            kind = self.rng.choice(["pause", "kill", "join", "late"])
+            if not self._deck:
+                # Every kind in each round of four, in a seeded order: a short run has them all.
+                self._deck = ["pause", "kill", "join", "late"]
+                self.rng.shuffle(self._deck)
+            kind = self._deck.pop()
             self.report.faults[kind] += 1
             if kind == "pause":
                 live = [i for i in range(len(self.replicas)) if i not in self.paused]

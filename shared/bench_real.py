@@ -223,7 +223,7 @@ class Cluster:
             "/metrics",
             url=f"https://127.0.0.1:{self.scheduler_ports[scheduler]}",
         )
-        totals = _sums(
+        totals = histogram_sums(
             text.decode(),
             {
                 "attempt": "scheduler_scheduling_attempt_duration_seconds",
@@ -232,14 +232,14 @@ class Cluster:
         )
         if scheduler == "numafit" and self.extender_metrics:
             body = await asyncio.to_thread(_fetch, self.extender_metrics)
-            totals |= _sums(
+            totals |= histogram_sums(
                 body,
                 {
                     "filter": "numafit_scheduler_filter_duration_seconds",
                     "bind": "numafit_scheduler_bind_duration_seconds",
                 },
             )
-            totals |= _counters(body, EXTENDER_COUNTERS)
+            totals |= counter_values(body, EXTENDER_COUNTERS)
         return totals
 
     async def create_nodes(self, count: int, accounting: AccountingClient) -> None:
@@ -304,7 +304,7 @@ class Cluster:
         await _until(gone, SETTLE_WITHIN, "the run's pods forgotten")
 
 
-def _sums(text: str, histograms: dict[str, str]) -> dict[str, float]:
+def histogram_sums(text: str, histograms: dict[str, str]) -> dict[str, float]:
     """`<key>_s` and `<key>_n`: the _sum and _count of each histogram, over all its labels."""
     totals: dict[str, float] = {}
     for key, name in histograms.items():
@@ -326,7 +326,7 @@ EXTENDER_COUNTERS = (
 )
 
 
-def _counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
+def counter_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     """`<counter>{<labels>}` -> value, for the counters named."""
     found: dict[str, float] = {}
     for line in text.splitlines():
@@ -390,12 +390,18 @@ class AllocateAgent:
     def __init__(self, kube: Kube, accounting: AccountingClient) -> None:
         self.kube = kube
         self.accounting = accounting
-        self.queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self.queues: dict[str, asyncio.Queue[tuple[float, dict[str, Any]]]] = {}
         self.seen: set[str] = set()
         self.consumed = 0
         self.bound_at: dict[str, float] = {}
         """Pod name -> when the watch first showed it bound (every configuration's pods)."""
+        self.node_of: dict[str, str] = {}
+        """Pod name -> the node it was bound to."""
         self.errors: list[str] = []
+        self.admissions: list[tuple[float, float, float, float]] = []
+        """Per pod admitted: when the watch showed it bound and allocating, when its node's
+        turn came (kubelet admits one pod at a time), when `pending` answered, when
+        `consume` did (the node lock's release)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[str] = set()
         self._all_bound = asyncio.Event()
@@ -423,6 +429,7 @@ class AllocateAgent:
             return
         if meta["name"] not in self.bound_at:
             self.bound_at[meta["name"]] = time.perf_counter()
+            self.node_of[meta["name"]] = node
             self._waiting.discard(meta["name"])
             if not self._waiting:
                 self._all_bound.set()
@@ -434,14 +441,16 @@ class AllocateAgent:
         if queue is None:
             queue = self.queues[node] = asyncio.Queue()
             self._tasks.append(asyncio.create_task(self._admit(node, queue)))
-        queue.put_nowait(obj)
+        queue.put_nowait((time.perf_counter(), obj))
 
-    async def _admit(self, node: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    async def _admit(self, node: str, queue: asyncio.Queue[tuple[float, dict[str, Any]]]) -> None:
         while True:
-            obj = await queue.get()
+            seen, obj = await queue.get()
             uid = obj["metadata"]["uid"]
             try:
+                turn = time.perf_counter()
                 await self.accounting.ask(messages.PendingRequest(node=node), messages.PendingReply)
+                matched = time.perf_counter()
                 entry = codec.decode_pod(obj["metadata"]["annotations"][keys.TO_ALLOCATE])[0]
                 request = messages.ConsumeRequest(
                     devices=tuple(d.uuid for d in entry), pod_uid=uid, container_index=0, node=node
@@ -454,6 +463,7 @@ class AllocateAgent:
                         break
                 if reply.ok:
                     self.consumed += 1
+                    self.admissions.append((seen, turn, matched, time.perf_counter()))
                 else:
                     self.errors.append(f"consume of {uid} refused: {reply.code} {reply.error}")
             except Exception as exc:  # reported with the figures, the run goes on
@@ -479,6 +489,7 @@ async def one_run(
     profile_before = await cluster.profile(configuration)
     cpu_before = cluster.cpu()
     consumed_before = agent.consumed
+    admitted_before = len(agent.admissions)
     semaphore = asyncio.Semaphore(CREATORS)
 
     async def create(name: str) -> None:
@@ -504,6 +515,15 @@ async def one_run(
     profile: dict[str, Any] = dict(
         profile_delta(profile_before, await cluster.profile(configuration))
     )
+    admissions = agent.admissions[admitted_before:]
+    if admissions:
+        # The lock's kubelet side: waiting for the node's turn, the plugin's lookup, Allocate.
+        for key, (a, b) in (
+            ("admit_queued_ms", (0, 1)),
+            ("pending_ms", (1, 2)),
+            ("consume_ms", (2, 3)),
+        ):
+            profile[key] = round(1000 * statistics.mean(t[b] - t[a] for t in admissions), 2)
     cpu_after = cluster.cpu()
     profile["cpu_ms_per_pod"] = {
         name: round(1000 * (cpu_after[name] - cpu_before.get(name, 0.0)) / pods, 2)
@@ -518,6 +538,8 @@ async def one_run(
             round(latencies[max(int(len(latencies) * 0.99) - 1, 0)], 3) if latencies else None
         ),
         "api_writes_per_pod": round(writes / pods, 2),
+        # How tightly the run packed its pods: binpack fills few nodes, spread uses them all.
+        "nodes_used": len({agent.node_of[n] for n in names if n in agent.node_of}),
         "profile": profile,
     }
 

@@ -553,8 +553,14 @@ async def _numafit(
 ) -> AsyncIterator[tuple[str, list[processes.ServiceProcess]]]:
     """Accounting and the scheduler extender (HTTPS, as the chart serves it) on the real API
     server, as processes of their own; yields the extender's URL."""
+    # ECDSA P-256, as the chart's cert-manager Certificate issues it (kube-scheduler opens a
+    # connection, and pays a handshake, whenever more than two of its calls overlap).
     serving = plane.authority.issue(
-        "numafit-scheduler", common_name="numafit-scheduler", dns=("localhost",), ips=("127.0.0.1",)
+        "numafit-scheduler",
+        common_name="numafit-scheduler",
+        dns=("localhost",),
+        ips=("127.0.0.1",),
+        ecdsa=True,
     )
     listen = processes.free_port()
     started: list[processes.ServiceProcess] = []

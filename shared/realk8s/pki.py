@@ -42,12 +42,24 @@ class Authority:
         )  # fmt: skip
 
     def issue(
-        self, name: str, *, common_name: str, dns: Sequence[str] = (), ips: Sequence[str] = ()
+        self,
+        name: str,
+        *,
+        common_name: str,
+        dns: Sequence[str] = (),
+        ips: Sequence[str] = (),
+        ecdsa: bool = False,
     ) -> KeyPair:
         """`name`.crt/.key: a serving certificate for `dns` and `ips` (a client certificate
-        when there are neither)."""
+        when there are neither); with `ecdsa`, a P-256 key (what the svc-scheduler chart's
+        cert-manager Certificate asks for) instead of RSA 2048."""
         key, csr, cert = f"{name}.key", f"{name}.csr", f"{name}.crt"
-        _openssl(self.directory, "genrsa", "-out", key, "2048")
+        if ecdsa:
+            _openssl(
+                self.directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", key
+            )
+        else:
+            _openssl(self.directory, "genrsa", "-out", key, "2048")
         _openssl(
             self.directory, "req", "-new", "-key", key, "-subj", f"/CN={common_name}", "-out", csr
         )

@@ -617,6 +617,7 @@ class Extender:
         refused = await self._check_bind(args, deadline)
         if refused is not None:
             label, message = refused
+            self.pending_binds.done(args.pod_uid)
             log.info("bind refused", extra={"pod": key, "node": args.node, "error": message})
             return binding_result(message), label
         deferred = self._deferred.pop(args.pod_uid, None)

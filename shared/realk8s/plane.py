@@ -218,6 +218,7 @@ class ControlPlane:
         try:
             self.get(path)
         except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds the connection
             return exc.code
         return 200
 
@@ -264,5 +265,6 @@ def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, context=context, timeout=5) as response:
             return bool(response.status == 200)
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its response holds the connection: closed now, not at garbage collection
         return False

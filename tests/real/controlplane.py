@@ -313,6 +313,7 @@ class ControlPlane:
                 status: int = response.status
                 return status
         except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds the connection
             return exc.code
 
     def kubectl(
@@ -395,5 +396,6 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, context=context, timeout=5) as response:
             return bool(response.status == 200)
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its response holds the connection: closed now, not at garbage collection
         return False

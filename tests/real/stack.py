@@ -210,4 +210,5 @@ def _get(url: str) -> tuple[int, str]:
             body: Any = response.read()
             return int(response.status), body.decode()
     except urllib.error.HTTPError as exc:
+        exc.close()  # its response holds the connection
         return exc.code, ""

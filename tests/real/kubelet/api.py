@@ -47,7 +47,8 @@ class Api:
             with urllib.request.urlopen(request, context=self._ssl, timeout=30) as response:
                 text = response.read().decode()
         except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
+            with exc:  # its response holds the connection
+                raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
         return json.loads(text) if text else None
 
     def get(self, path: str, **query: str) -> Any:

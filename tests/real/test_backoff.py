@@ -257,6 +257,7 @@ def test_kube_scheduler_parks_filter_refusals_and_backs_off_failed_binds(
             child.stop()
     finally:
         stub.server.shutdown()
+        stub.server.server_close()
 
 
 def secure_port(argv: object) -> int:

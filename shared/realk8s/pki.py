@@ -46,13 +46,16 @@ class Authority:
         name: str,
         *,
         common_name: str,
+        organizations: Sequence[str] = (),
         dns: Sequence[str] = (),
         ips: Sequence[str] = (),
         ecdsa: bool = False,
     ) -> KeyPair:
         """`name`.crt/.key: a serving certificate for `dns` and `ips` (a client certificate
-        when there are neither); with `ecdsa`, a P-256 key (what the svc-scheduler chart's
-        cert-manager Certificate asks for) instead of RSA 2048."""
+        when there are neither: its CN is the user, each of `organizations` a group, as
+        kube-apiserver's --client-ca-file reads them); with `ecdsa`, a P-256 key (what the
+        svc-scheduler chart's cert-manager Certificate asks for) instead of RSA 2048."""
+        subject = "/CN=" + common_name + "".join(f"/O={o}" for o in organizations)
         key, csr, cert = f"{name}.key", f"{name}.csr", f"{name}.crt"
         if ecdsa:
             _openssl(
@@ -60,9 +63,7 @@ class Authority:
             )
         else:
             _openssl(self.directory, "genrsa", "-out", key, "2048")
-        _openssl(
-            self.directory, "req", "-new", "-key", key, "-subj", f"/CN={common_name}", "-out", csr
-        )
+        _openssl(self.directory, "req", "-new", "-key", key, "-subj", subject, "-out", csr)
         sans = [f"DNS:{d}" for d in dns] + [f"IP:{i}" for i in ips]
         lines = [
             "basicConstraints=CA:FALSE",

@@ -34,8 +34,8 @@ from tests.real.controlplane import ControlPlaneError, free_port
 from tests.real.waiting import NotReached, poll
 
 if TYPE_CHECKING:
+    from shared.realk8s.procs import Child
     from tests.real.controlplane import ControlPlane
-    from tests.real.procs import Child
 
 NUMAFIT = str(Path(sys.executable).with_name("numafit"))
 READY_WITHIN = 60.0

@@ -14,6 +14,7 @@ import contextlib
 import datetime
 from typing import TYPE_CHECKING, Any
 
+from shared.realk8s.procs import Processes
 from shared.service import natsconn
 from tests.raw_accounting import RawAccounting
 from tests.real.kubelet import host, observe
@@ -22,7 +23,6 @@ from tests.real.kubelet.cases import NAMESPACE, NODE
 from tests.real.kubelet.containerd import Containerd
 from tests.real.kubelet.deviceplugin import GPU_NUMA, REPLICAS, DevicePlugin
 from tests.real.kubelet.kubelet import Kubelet
-from tests.real.procs import Processes
 from tests.real.waiting import poll
 
 if TYPE_CHECKING:

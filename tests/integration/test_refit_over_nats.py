@@ -305,9 +305,10 @@ async def test_accounting_refuses_stale_revisions_and_bad_operations(
         )
         assert (await h.client.call("move", "node-1", sneaky))["code"] == "invalid_request"
         assert (await h.client.call("move", "node-1", {"podUID": uid}))["code"] == "invalid_request"
-        # No budget left: nothing is written.
+        # No budget left on arrival (deadlineMs 0): refused with an answer, nothing is written.
+        # The caller waits long enough to hear it: only the request's own budget is spent.
         late = dict(move, revision=revision)
-        assert (await h.client.call("move", "node-1", late, budget=0.005))[
+        assert (await h.client.call("move", "node-1", late, budget=2.0, margin=2.0))[
             "code"
         ] == "deadline_exceeded"
         assert await pod_annotations(h, "ml", "train") == created["metadata"]["annotations"]

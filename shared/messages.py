@@ -555,12 +555,20 @@ class BindPhaseRequest(AccountingRequest, frozen=True, kw_only=True):
     pod_name: str = ""
     """The pod the caller means (ExtenderBindingArgs' PodNamespace/PodName); when given,
     accounting refuses a UID whose pod is another (`pod_mismatch`) before writing anything."""
+    bind: bool = False
+    """With `allocating`: accounting binds the pod to `node` itself, the reservation and the
+    phase carried by the Binding (one guarded write instead of a PATCH and a Binding); the
+    reply's `bound` says it did. A replica that does not know the field only writes."""
 
 
 class BindPhaseReply(AccountingReply, frozen=True, kw_only=True):
     WHAT: ClassVar[str] = "bind-phase reply"
 
     pod_resource_version: str | None = None
+    """The pod's resourceVersion after the write, when the API server's answer carried it (a
+    Binding's answer is a Status: then None)."""
+    bound: bool = False
+    """The pod is bound to the node (the request asked for `bind` and the Binding landed)."""
 
 
 class MoveRequest(AccountingRequest, frozen=True, kw_only=True):

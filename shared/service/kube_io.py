@@ -289,16 +289,32 @@ class Kube:
         async for event in watch_list(lister, resource_version, timeout_seconds, kind):
             yield event
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def create_binding(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
         """POST pods/<name>/binding: place the pod on `node` (the scheduler's last step).
 
         Raw JSON: kubernetes-asyncio deserializes the returned Status as a V1Binding and raises
         after a successful bind (ecosystem.md section 6). `uid` is a precondition: a pod
-        recreated under the same name is never bound by mistake.
+        recreated under the same name is never bound by mistake. The API server also copies
+        the Binding's `annotations` onto the pod (merged over the pod's, in the same write) and
+        checks `resource_version` as a precondition (409 when the pod changed): accounting's
+        reservation and the bind are then one guarded write, not a PATCH and a Binding.
         """
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup test lint typecheck imports unit pytest demo clean test-real
+.PHONY: setup test lint typecheck imports unit pytest demo clean test-real docs
 
 setup: $(STAMP)
 
@@ -46,6 +46,17 @@ test-real: setup
 
 demo: setup
 	$(VENV)/bin/numafit demo
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict makes every warning (a broken
+# link or anchor, a page missing from the nav) an error. The docs extra is installed into the
+# same .venv on first use, as `make setup` installs the test extra.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,4 +1,4 @@
-"""docs/ALERTS.md documents every alert of every rule file numafit ships: a section per alert
+"""docs/reference/alerts.md documents every alert of every rule file numafit ships: a section per alert
 with its severity (the rule's), when it fires, what it means and what the operator does."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "ALERTS.md"
+DOC = ROOT / "docs" / "reference" / "alerts.md"
 COMPOSE = ROOT / "compose.yaml"
 FIELDS = ("Severity", "Fires when", "Meaning", "Action")
 
@@ -59,7 +59,9 @@ def test_the_rule_files_are_found() -> None:
 def test_every_alert_is_documented_with_meaning_and_action() -> None:
     documented = sections()
     rules = alerts()
-    assert sorted(documented) == sorted(rules), "docs/ALERTS.md and the rules name other alerts"
+    assert sorted(documented) == sorted(rules), (
+        "docs/reference/alerts.md and the rules name other alerts"
+    )
     for name, rule in rules.items():
         fields = documented[name]
         assert set(FIELDS) <= set(fields), f"{name}: missing {set(FIELDS) - set(fields)}"

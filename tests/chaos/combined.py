@@ -18,7 +18,7 @@ reserves and refits. What it measures, without trusting the code under test:
   (`overcommitted_moments`: a state in which a GPU holds more than its memory);
 - every `ok` answer's placement must have been committed (`acknowledged_missing`).
 
-`pytest tests/chaos/test_combined_faults.py` runs it briefly; for the README's figures:
+`pytest tests/chaos/test_combined_faults.py` runs it briefly; for the figures in docs/design/fencing.md ("Every fault at once"):
 
     .venv/bin/python -m tests.chaos.combined --seconds 300 --seed 7
 """

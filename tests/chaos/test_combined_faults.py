@@ -1,5 +1,5 @@
 """Every fault at once, briefly (tests/chaos/combined.py says what is measured and how; its
-`__main__` runs it for longer, for the README's figures)."""
+`__main__` runs it for longer, for the figures in docs/design/fencing.md)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ annotations, also after the replica comes back and takes its partitions again.
 Pods arrive one at a time, each once the previous one was admitted, and none is created while
 partitions change hands: kube-scheduler 1.28 parks a pod whose extender call failed (an Error,
 or a refusal with no plugin named) until its five-minute flush or a node or pod-deletion event,
-where 1.29 and later retry it with backoff (README: "numafit on a real kube-scheduler").
+where 1.29 and later retry it with backoff (docs/development.md, "The real tier": what the real kube-scheduler does).
 """
 
 from __future__ import annotations

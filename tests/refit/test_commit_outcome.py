@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     import pytest
 
-MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"  # the worked example's answer (README)
+MOVED_PENDING = ";GPU-b,NVIDIA,20000,30:;"  # the worked example's answer (docs/reference/plan.md)
 
 
 async def test_a_move_whose_answer_is_lost_is_reported_moved_when_it_landed(

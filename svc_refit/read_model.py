@@ -7,10 +7,14 @@ What it holds, per node some refit asked about (never for nodes nobody asked abo
 - the per-device usage table at the node's latest revision, from `numafit.usage.v1.<node>`
   (every commit publishes the node's full table, so the view follows without fetching).
 
-A snapshot is taken instead when the updates cannot be trusted to describe the node completely:
-a revision gap or a bump with unchanged usage (a cordon, a register change, a pod's bind phase:
-things the table does not show), another device set, another epoch (accounting restarted), a
-NATS reconnect, or a `conflict` from accounting. Concurrent refits share one snapshot per node
+Which updates apply is shared/core/freshness.py's rule, the one the scheduler's read model
+applies too. A snapshot is taken instead when the updates cannot be trusted to describe the node
+completely: another device set, another epoch (accounting restarted, or the node's partition
+changed owner), a NATS reconnect, or a `conflict` from accounting. An update the rule applies
+but leaves unconfirmed (a revision gap or a bump with unchanged usage: a cordon, a register
+change, a pod's bind phase may hide in it) is applied and the node fetched before the next
+refit decides on it: a refusal must not rest on it, and a refit decides and refuses in one
+step. Concurrent refits share one snapshot per node
 (single flight), so a burst costs one fetch, not one per refit.
 
 Moves in flight are *claims*: the capacity a sent move takes is counted for every other refit
@@ -21,7 +25,7 @@ deadline) and decides again: capacity a failed move gave back is never refused.
 A decision made on a view that turned stale is harmless: accounting re-checks every move
 against its own ledger and refuses an over-commit with `no_fit`. A refusal is checked by
 nobody, so it must not rest on a view accounting contradicts: a snapshot is the authority
-(shared/core/snapshot_rule.py, the rule the scheduler's read model applies too). A view ahead of
+(shared/core/freshness.py). A view ahead of
 a snapshot that was set before the request was sent (a forged or buggy update) is replaced by
 it; one set by an update while the request travelled is kept, but fetched once more before a
 refit decides on it (that fetch, sent after it was set, decides).
@@ -45,10 +49,18 @@ from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core.accounting import TrackedPod, track_pod
+from shared.core.freshness import (
+    Held,
+    Table,
+    UpdateAction,
+    Verdict,
+    quota_fresh,
+    snapshot_verdict,
+    update_action,
+)
 from shared.core.nodes import with_added, without_pod
 from shared.core.pods import PodInfo
 from shared.core.quota import QuotaLedger
-from shared.core.snapshot_rule import Verdict, snapshot_verdict
 from shared.messages import (
     MessageError,
     NodeState,
@@ -76,9 +88,6 @@ MAX_NODES = 4096
 """Nodes kept; beyond it the least recently used is dropped (and fetched again if needed)."""
 MAX_NAMESPACES = 1024
 """Namespaces whose quota is kept."""
-QUOTA_TTL = 5.0
-"""Seconds a namespace's quota is used without asking again (accounting re-checks every move
-against the current quota, and a refusal by quota is only given on a quota read for it)."""
 LANDED_GRACE = 0.25
 """Seconds a landed commit's usage update is waited for before the node is fetched instead."""
 
@@ -290,10 +299,9 @@ class ReadModel:
             log.warning("usage update ignored", extra={"error": subjects.shown(str(exc), 200)})
             self.mark_stale(node)
             return
-        if update.deleted:
-            self.drop(node)
-            return
-        self.apply_update(update.epoch, node, update.revision, update.devices)
+        self.apply_update(
+            update.epoch, node, update.revision, update.devices, deleted=update.deleted
+        )
 
     def drop(self, node: str) -> None:
         """The node is gone (deleted, or evicted): forget it."""
@@ -302,34 +310,53 @@ class ReadModel:
         self._pulse(node)
 
     def apply_update(
-        self, epoch: str, node: str, revision: int, devices: Mapping[str, UsageEntry]
+        self,
+        epoch: str,
+        node: str,
+        revision: int,
+        devices: Mapping[str, UsageEntry],
+        *,
+        deleted: bool = False,
     ) -> None:
+        """Apply one published usage table (or `deleted`), or mark the node for a fetch (the
+        core's rule)."""
         entry = self._nodes.get(node)
-        if entry is None:
+        updated = None if entry is None else messages.apply_usage(entry.usage, devices)
+        table = Table.OTHER_DEVICES
+        if entry is not None and updated is not None:
+            same = updated.usage_table() == entry.usage.usage_table()
+            table = Table.UNCHANGED if same else Table.CHANGED
+        action = update_action(
+            None if entry is None else Held(entry.epoch, entry.revision, entry.local),
+            epoch=epoch,
+            revision=revision,
+            deleted=deleted,
+            table=table,
+            covered=False,  # only nodes some refit asked about are kept: no view, no interest
+        )
+        if entry is None or action is UpdateAction.IGNORE:
             return
-        if epoch != entry.epoch:
-            self.mark_stale(node)  # accounting restarted: its revisions start over
+        if action is UpdateAction.DROP:
+            self.drop(node)
             return
-        if revision < entry.revision or (revision == entry.revision and not entry.local):
-            return  # already seen (a snapshot overtook it)
-        updated = messages.apply_usage(entry.usage, devices)
-        if revision == entry.revision:
+        if action is UpdateAction.FETCH:
+            self.mark_stale(node)
+            return
+        if action is UpdateAction.CONFIRM:
             # The update of our own commit, applied here already: it only confirms it (and
             # corrects it, were the two ever to differ).
             entry.local = False
-            if updated is not None and updated.usage_table() != entry.usage.usage_table():
+            if table is Table.CHANGED:
                 log.warning("own commit differed from its usage update", extra={"node": node})
+                assert updated is not None
                 entry.usage = updated
             return
-        if updated is None:
-            self.mark_stale(node)  # another device set
-            return
-        unchanged = updated.usage_table() == entry.usage.usage_table()
-        gap = revision > entry.revision + 1
+        assert updated is not None  # APPLY, APPLY_UNCONFIRMED: the table fits
         entry.usage, entry.revision = updated, revision
         self._stamp(entry, confirmed=False)
-        if unchanged or gap:
-            # Something the table does not show changed (or may have, in the gap).
+        if action is UpdateAction.APPLY_UNCONFIRMED:
+            # A change the table does not show may hide in it: a refit decides and refuses in
+            # one step, so it is fetched before the next refit decides on it.
             entry.stale = True
             entry.marks += 1
         self._pulse(node)
@@ -453,7 +480,9 @@ class ReadModel:
 
     def _fresh_quota(self, namespace: str) -> tuple[QuotaLedger, float] | None:
         cached = self._quota.get(namespace)
-        if cached is None or time.monotonic() - cached[1] > QUOTA_TTL:
+        # Trusted for the core's QUOTA_TTL: accounting re-checks every move against the current
+        # quota, and a refusal by quota is only given on a quota read for it.
+        if cached is None or not quota_fresh(cached[1], time.monotonic()):
             return None
         return cached
 
@@ -519,7 +548,7 @@ class ReadModel:
 
     def _store(self, node: str, epoch: str, state: NodeState | None, marks: int, sent: int) -> None:
         """Take a snapshot of `node` asked for at tick `sent`; what wins over the held view is
-        shared/core/snapshot_rule.py's rule."""
+        shared/core/freshness.py's rule."""
         if state is None or state.devices is None:
             # Accounting knows no inventory for it: nothing worth keeping.
             self.drop(node)

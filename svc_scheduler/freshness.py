@@ -2,59 +2,54 @@
 
 `Freshness` holds every node's view (devices, usage, revision) as accounting last said, and
 decides from each message what it proves: an update that applies in place, or one that cannot
-be trusted to describe the node completely, so that the node (or everything) must be fetched
-again. `ReadModel` (read_model.py) does the I/O around it: it feeds it usage updates and
-snapshots and fetches what it reports stale.
+be trusted to describe the node completely, so that the node must be fetched again.
+`ReadModel` (read_model.py) does the I/O around it: it feeds it usage updates and snapshots
+and fetches what it reports stale.
 
-The rules:
+What an update or a snapshot does to a node's view is shared/core/freshness.py's rule, the one
+the refit's read model applies too; this module keeps the state it is applied to:
 
-- before the first snapshot (no epoch yet) updates are ignored: that snapshot includes them;
-- epochs are per node: a node's revisions count within the epoch of the accounting run (or,
-  partitioned, of the partition ownership) that published them. An update under an epoch never
-  seen (accounting restarted, or a replica took a partition over): everything is fetched again
-  (`needs_full`); an update under another epoch than the node's view: that node is stale;
-- a node it does not know, a device set that differs from the inventory it holds: that node
-  is stale;
-- a revision gap, or a revision bump with unchanged usage, may hide a change the usage table
-  does not show (a cordon, a new register annotation; a bind phase does not matter here): the
-  update is applied, it is the node's latest usage and lock, but the node is *unconfirmed*
-  until a snapshot. A decision may rest on it (accounting re-checks every reserve: revision,
-  health, cordons, usage and quota, and refuses what no longer fits), a refusal may not: the
-  extender fetches the unconfirmed candidates before it refuses a pod (`unconfirmed`). Under
-  load most updates are such (accounting publishes a node's state after answering, and two
-  commits close together publish one revision apart by two; bind phases and consumes change
-  no usage): fetching the node for each made nearly every filter wait for a snapshot;
+- before the first snapshot updates are ignored (that snapshot includes them); after it, an
+  update of a node without a view announces a new node, to fetch;
+- an update under another epoch than the node's view, another device set, a node without
+  inventory: that node is stale (only that node: a takeover publishes each of its nodes);
+- a revision gap, or a revision bump with unchanged usage: the update is applied, but the node
+  is *unconfirmed* until a snapshot; a decision may rest on it, a refusal may not: the extender
+  fetches the unconfirmed candidates before it refuses a pod (`unconfirmed`);
 - an applied update carries the node's lock (`allocating`); a snapshot's lock is computed from
   its pods by the core's rule, so both ways give the same view;
 - a commit answered with a revision (`expect`): the node is stale until it holds that one;
-- accounting's snapshot is the authority (shared/core/snapshot_rule.py, the rule the refit's
-  read model applies too). A view ahead of a snapshot's answer and set before its request was
-  sent is impossible (accounting answered after the update was seen): a forged or buggy
-  update ("GPUs full" at the next revision) is dropped for the snapshot, which the caller
-  logs. Set by an update while the request travelled, the view may be a newer change that
-  overtook the reply: it is kept (a snapshot never rolls such a node back), but on an
-  update's word only, so the node stays stale and is fetched again (`ahead_of_accounting`);
-  that fetch, sent after the view was set, decides. Set by another snapshot answered later, it
-  is accounting's own word: kept as it is. A request tells when it was sent by `ticket()`, the
-  count of view changes so far;
+- a snapshot is the authority: a view ahead of its answer set before its request was sent is
+  dropped for it (the caller logs it); one set by an update while the request travelled is
+  kept but stays stale (`ahead_of_accounting`), and the next fetch decides. A request tells
+  when it was sent by `ticket()`, the count of view changes so far;
 - `deleted` (the Node was deleted) drops the node.
 
 A node the last full snapshot did not hold, and that no update has named since, does not exist
 for accounting: it is neither known nor stale, so no fetch is asked for it.
 
 Quota: a namespace's GPU quota is remembered with the time it was read; one without limits is
-trusted for `QUOTA_TTL` seconds, a limited one never (its usage moves with every reservation in
-the namespace). Times are given by the caller (`time.monotonic()`), so this stays pure.
+trusted for the core's `QUOTA_TTL` seconds, a limited one never (its usage moves with every
+reservation in the namespace). Times are given by the caller (`time.monotonic()`), so this
+stays pure.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from shared import subjects
-from shared.core.snapshot_rule import Verdict, snapshot_verdict
+from shared.core.freshness import (
+    Held,
+    Table,
+    UpdateAction,
+    Verdict,
+    quota_fresh,
+    snapshot_verdict,
+    update_action,
+)
 from shared.messages import UsageUpdate, apply_usage
 
 if TYPE_CHECKING:
@@ -64,8 +59,7 @@ if TYPE_CHECKING:
     from shared.core.model import NodeSnapshot
     from shared.core.quota import QuotaLedger
 
-QUOTA_TTL: Final = 5.0
-"""Seconds a namespace seen without GPU quota limits is trusted to still have none."""
+__all__ = ["Freshness", "NodeView"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +84,8 @@ class Freshness:
 
     epoch: str | None = None
     """Accounting's epoch of the last snapshot; None until the first has landed."""
-    epochs: set[str] = field(default_factory=set)
-    """Every node epoch a snapshot has shown (an update under another means a new run or a
-    takeover: fetch everything)."""
     needs_full: bool = True
-    """Everything must be fetched again (on start, after a reconnect, after a new epoch)."""
+    """Everything must be fetched again (on start, after a reconnect)."""
     _views: dict[str, NodeView] = field(default_factory=dict)
     _stale: set[str] = field(default_factory=set)
     _expected: dict[str, int] = field(default_factory=dict)
@@ -167,36 +158,36 @@ class Freshness:
     # --- what changes it --------------------------------------------------------------------
 
     def apply_update(self, update: UsageUpdate) -> None:
-        """Apply one published usage table, or mark the node (or everything) for a fetch."""
-        if self.epoch is None:
-            return  # the first snapshot is still to come and will include this
-        if update.epoch not in self.epochs:
-            self.needs_full = True
-            return
+        """Apply one published usage table, or mark the node for a fetch (the core's rule)."""
         node = update.node
-        view = self._views.get(node)
-        if view is not None and update.epoch != view.epoch:
-            self._stale.add(node)  # the node's revisions restarted under another epoch
-            return
-        if update.deleted:
-            self.drop(node)
-            return
         if not subjects.valid_name(node):
             return  # accounting only knows Kubernetes node names
-        if view is None:
+        view = self._views.get(node)
+        updated, table = None, Table.OTHER_DEVICES
+        if view is not None:
+            updated = _with_usage(view.snapshot, update)
+            if updated is not None:
+                same = _same_usage(updated, view.snapshot)
+                table = Table.UNCHANGED if same else Table.CHANGED
+        action = update_action(
+            None if view is None else Held(view.epoch, view.revision),
+            epoch=update.epoch,
+            revision=update.revision,
+            deleted=update.deleted,
+            table=table,
+            covered=self.epoch is not None,
+        )
+        if action is UpdateAction.DROP:
+            self.drop(node)
+        elif action is UpdateAction.FETCH:
             self._stale.add(node)
-            return
-        if update.revision <= view.revision:
-            return  # already seen (a snapshot overtook it)
-        updated = _with_usage(view.snapshot, update)
-        if updated is None:
-            self._stale.add(node)
-            return
-        if update.revision > view.revision + 1 or _same_usage(updated, view.snapshot):
-            self._unconfirmed.add(node)
-        lock = update.allocating.to_core() if update.allocating is not None else None
-        self._views[node] = NodeView(node, update.revision, updated, lock, update.epoch)
-        self._stamp(node, confirmed=False)
+        elif action in (UpdateAction.APPLY, UpdateAction.APPLY_UNCONFIRMED):
+            if action is UpdateAction.APPLY_UNCONFIRMED:
+                self._unconfirmed.add(node)
+            lock = update.allocating.to_core() if update.allocating is not None else None
+            self._views[node] = NodeView(node, update.revision, updated, lock, update.epoch)
+            self._stamp(node, confirmed=False)
+        # IGNORE; CONFIRM never comes (this reader applies no commit of its own).
 
     def unconfirmed(self, names: Iterable[str]) -> list[str]:
         """Those of `names` (once each, in order) whose view may hide a change: fetched before
@@ -224,18 +215,13 @@ class Freshness:
         # A view without its own epoch counts in the snapshot's.
         received = [v if v.epoch else dataclasses.replace(v, epoch=epoch) for v in views]
         previous, stamps = self._views, self._stamps
-        unseen = {v.epoch for v in received} - self.epochs
         if full:
             self._views, self._stamps = {}, {}
             self._stale.clear()
             self._ahead.clear()
             self._unconfirmed.clear()
             self.needs_full = False
-            self.epochs = {v.epoch for v in received}
-        else:
-            if unseen and self.epoch is not None:
-                self.needs_full = True  # a new run or a takeover: other nodes moved too
-            self.epochs |= unseen
+        # A node of a new epoch says nothing of the others (the core's rule, on epochs).
         self.epoch = epoch
         overruled = []
         for view in received:
@@ -310,7 +296,7 @@ class Freshness:
         if cached is None:
             return None
         quota, at = cached
-        if quota.limited(namespace) or now - at > QUOTA_TTL:
+        if quota.limited(namespace) or not quota_fresh(at, now):
             return None
         return quota
 

@@ -3,8 +3,9 @@
 Accounting publishes a node's full per-device usage with its revision after every change
 (`numafit.usage.v1.<node>`); the read model applies those in place, so a filter decides without
 asking anyone. Which updates apply and what must be fetched again is decided by `Freshness`
-(freshness.py, pure); this module does the I/O around it: the subscription, the snapshots
-(`snapshot` on `_all`, or on one node) and the shared fetches.
+(freshness.py, pure, applying shared/core/freshness.py's rule); this module does the I/O around
+it: the subscription, the snapshots (`snapshot` on `_all`, or on one node) and the shared
+fetches.
 
 Refreshes happen on demand, for the candidates of a filter, within the filter's budget. A
 decision made on a view that turned stale meanwhile is harmless: the reserve names the revision
@@ -37,7 +38,7 @@ from shared.core.lock import node_lock
 from shared.messages import NodeStateWire, SnapshotReply, SnapshotRequest, UsageUpdate
 from shared.service.backoff import Backoff
 from shared.service.supervisor import Supervisor
-from svc_scheduler.freshness import QUOTA_TTL, Freshness, NodeView
+from svc_scheduler.freshness import Freshness, NodeView
 from svc_scheduler.metrics import SchedulerMetrics
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from shared.core.accounting import TrackedPod
     from shared.core.quota import QuotaLedger
 
-__all__ = ["QUOTA_TTL", "NodeView", "PodContext", "ReadModel"]
+__all__ = ["NodeView", "PodContext", "ReadModel"]
 
 log = logging.getLogger("numafit.scheduler")
 

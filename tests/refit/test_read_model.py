@@ -51,17 +51,25 @@ async def test_a_deleted_node_is_dropped(nats_url: str, tmp_path: Path) -> None:
         ] == "already_aligned"
         assert model.nodes() == ["node-1"]
         assert h.accounting is not None
-        await _publish(
-            h,
-            "node-1",
-            {
-                "epoch": h.accounting.ledger.epoch,
-                "node": "node-1",
-                "revision": 99,
-                "devices": {},
-                "deleted": True,
-            },
-        )
+        # (Partitioned: the node's revisions count in its partition's epoch, not the run's.)
+        node_epoch = h.accounting.ledger.epoch_of("node-1")
+        assert node_epoch != h.accounting.ledger.epoch
+        for epoch in (h.accounting.ledger.epoch, node_epoch):
+            await _publish(
+                h,
+                "node-1",
+                {
+                    "epoch": epoch,
+                    "node": "node-1",
+                    "revision": 99,
+                    "devices": {},
+                    "deleted": True,
+                },
+            )
+            if epoch != node_epoch:
+                # Another ownership's word about the node: it is fetched, not forgotten.
+                await wait_for(lambda: model._nodes["node-1"].stale)
+                assert model.nodes() == ["node-1"]
         await wait_for(lambda: model.nodes() == [])
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.core.freshness import QUOTA_TTL
 from shared.core.model import DeviceInfo, DeviceUsage, NodeSnapshot
 from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import UsageEntry, UsageUpdate
-from svc_scheduler.freshness import QUOTA_TTL, Freshness, NodeView
+from svc_scheduler.freshness import Freshness, NodeView
 
 GPU = DeviceInfo("GPU-a", 0, 10, 40000, 100, "NVIDIA A100", 0)
 NAMES = ["node-1", "node-2", "node-3", "node-4"]
@@ -121,10 +122,14 @@ def test_an_update_for_a_node_without_inventory_marks_it_stale() -> None:
 
 def test_unknown_node_and_new_epoch() -> None:
     state = fresh_at(3)
+    state.apply_snapshot("e1", [view(2, "node-2")], full=False)
     state.apply_update(update(1, node="node-9"))
     assert not state.is_fresh("node-9") and state.needs_fetch("node-9")
+    # A new epoch is per node (a takeover publishes each node of its partition under it): that
+    # node is fetched, the others stay as they are, nothing asks for a full snapshot.
     state.apply_update(update(1, epoch="e2"))
-    assert state.needs_full
+    assert state.needs_fetch("node-1") and not state.needs_full
+    assert state.is_fresh("node-2")
 
 
 def test_expected_revision_after_a_commit() -> None:
@@ -233,16 +238,18 @@ def test_a_snapshot_clears_stale_and_a_full_one_forgets_the_rest() -> None:
     assert state.view("node-2") is None and not state.needs_fetch("node-2")
 
 
-def test_a_node_snapshot_of_a_new_epoch_asks_for_everything() -> None:
+def test_a_node_snapshot_of_a_new_epoch_replaces_that_node_only() -> None:
     state = fresh_at(3)
+    state.apply_snapshot("e1", [view(2, "node-2")], full=False)
     state.expect("node-1", 9)
     state.apply_snapshot("e2", [view(1)], full=False, asked="node-1")
-    # Revisions of the previous run mean nothing: the lower revision is taken, not refused.
+    # Revisions of the previous run mean nothing: the lower revision is taken, not refused,
+    # and the revision a commit answered under the old epoch is no longer awaited.
     current = state.view("node-1")
-    assert current is not None and current.revision == 1
-    assert state.is_fresh("node-1") and state.needs_full and state.epoch == "e2"
-    state.apply_snapshot("e2", [view(1)], full=True)
-    assert not state.needs_full
+    assert current is not None and current.revision == 1 and current.epoch == "e2"
+    assert state.is_fresh("node-1") and state.epoch == "e2"
+    # The other nodes' epochs are their own (a takeover publishes each node it took over).
+    assert state.is_fresh("node-2") and not state.needs_full
 
 
 def test_a_node_accounting_does_not_know_is_absent_not_stale() -> None:

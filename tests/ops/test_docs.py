@@ -107,6 +107,20 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert broken == []
 
 
+REPO_PATH = re.compile(
+    r"`((?:shared|svc_[a-z]+|tests|helm|deploy|examples|scripts|proto|docs)/[\w./-]*)`"
+)
+
+
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_file_the_docs_name_exists(page: Path) -> None:
+    """A path in code (`shared/core/fit.py`, `helm/README.md`) names a file of the repository:
+    a file moved or renamed is a page to update."""
+    named = set(REPO_PATH.findall(FENCE.sub("", page.read_text())))
+    missing = sorted(path for path in named if not (ROOT / path.rstrip("/")).exists())
+    assert missing == []
+
+
 def exported_metrics() -> set[str]:
     """Every metric name the four services register, with `_total` for counters, as
     Prometheus shows them."""

@@ -19,7 +19,7 @@ message and the field: `refit request: Expected `int`, got `str` - at `$.contain
 
 Shapes nested in them (`NodeStateWire`, `TrackedPodWire` and its mini pod, `QuotaWire`,
 `RegisterItem`, `UsageEntry`, `PendingPod`) come with converters to and from the core's types
-(`TrackedPod`, `NodeSnapshot`, `QuotaLedger`, `DeviceInfo`, the core's `RefitRequest` and
+(`TrackedPod`, `NodeSnapshot`, `QuotaLedger`, `DeviceInfo`, the core's `RefitInput` and
 `RefitDecision`), which reuse the core's own parsers.
 
 How fields are omitted. A field is left out of the JSON exactly when today's code leaves it out:
@@ -154,8 +154,8 @@ class RefitRequest(Message, frozen=True, kw_only=True, omit_defaults=False):
         return "" if isinstance(self.container_name, UnsetType) else self.container_name
 
     @classmethod
-    def from_core(cls, request: core_refit.RefitRequest) -> RefitRequest:
-        """What `core_refit.RefitRequest.to_json()` writes."""
+    def from_core(cls, request: core_refit.RefitInput) -> RefitRequest:
+        """What `core_refit.RefitInput.to_json()` writes."""
         return cls(
             pod_uid=request.pod_uid,
             pod_namespace=request.pod_namespace,
@@ -169,8 +169,8 @@ class RefitRequest(Message, frozen=True, kw_only=True, omit_defaults=False):
             container_name=request.container_name or UNSET,
         )
 
-    def to_core(self) -> core_refit.RefitRequest:
-        return core_refit.RefitRequest(
+    def to_core(self) -> core_refit.RefitInput:
+        return core_refit.RefitInput(
             pod_uid=self.pod_uid,
             pod_namespace=self.pod_namespace,
             pod_name=self.pod_name,

@@ -23,7 +23,7 @@ from shared.core.fit import PICKED
 from shared.core.nodes import without_pod
 from shared.core.pods import Alignment, pod_from_object
 from shared.core.quota import QuotaLedger, limits_from_quotas
-from shared.core.refit import Code, RefitDecision, RefitRequest, decide_refit
+from shared.core.refit import Code, RefitDecision, RefitInput, decide_refit
 
 if TYPE_CHECKING:
     from shared.core.model import NodeSnapshot
@@ -33,7 +33,7 @@ class CaseError(ValueError):
     """The case itself is malformed (exit status 2)."""
 
 
-def refit_request(body: Any) -> RefitRequest:
+def refit_request(body: Any) -> RefitInput:
     """The case's `request`, decoded exactly as svc_refit decodes one from NATS."""
     try:
         return msgspec.convert(body, messages.RefitRequest).to_core()
@@ -52,7 +52,7 @@ class Case:
     pods: Mapping[str, TrackedPod]
     quota: QuotaLedger
     config: CoreConfig
-    request: RefitRequest
+    request: RefitInput
     warnings: tuple[str, ...]
 
 

@@ -8,7 +8,7 @@ best-effort falls back to kubelet's own choice on refusal, no responders or time
 fails the admission; a committed refit whose reply cannot be mapped to kubelet's replicas fails
 in both modes (the move already happened).
 What each outcome leads to (metric, recorded outcome, log line, answer) is one table,
-`svc_deviceplugin.outcome.EFFECTS`, keyed by the pure `decide()`'s `Outcome`.
+`svc_deviceplugin.outcome.EFFECTS`, keyed by the pure `decide()`'s `PreferredOutcome`.
 
 Deadlines: each kubelet call has one :class:`Deadline` (`refit_timeout_ms` from its start) and
 every hop takes what is left of it: the `pending` and `consume` requests to accounting (whose
@@ -63,7 +63,7 @@ from svc_deviceplugin.deferred import DeferredConsumes
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
 from svc_deviceplugin.journal import ConsumeJournal, DeferredConsume, JournalFull
 from svc_deviceplugin.metrics import PluginMetrics, allocation_result
-from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, judged, mode_label
+from svc_deviceplugin.outcome import EFFECTS, PreferredOutcome, Then, decide, judged, mode_label
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -101,7 +101,7 @@ can still be judged (the fallback rule, on a snapshot of accounting's usage) sho
 not move the reservation (a quarter of a shorter budget)."""
 
 
-def bounded(text: str, limit: int = TEXT_LIMIT) -> str:
+def outside_text(text: str, limit: int = TEXT_LIMIT) -> str:
     """Outside text for a message or log line: as is when short and printable, else cut (and
     quoted) by `subjects.shown`, so unbounded input never comes back whole."""
     return text if len(text) <= limit and text.isprintable() else shown(text, limit)
@@ -240,7 +240,7 @@ class Allocator:
             pending = await self.accounting.ask(request, messages.PendingReply, budget)
         except AccountingUnavailable as exc:
             what = "an unusable pending reply" if _unreadable(exc) else "accounting unreachable"
-            log.warning(f"no preference: {what}", extra={"error": bounded(str(exc))})
+            log.warning(f"no preference: {what}", extra={"error": outside_text(str(exc))})
             return nothing
         pod = pending.pod
         if pending.ok and len(self.deferred):
@@ -304,7 +304,8 @@ class Allocator:
             return await self._mismatch(pod, entry, request, mismatch, mode, where, deadline)
         except (SelectionError, CoreError) as exc:
             log.info(
-                "no preference from the reservation", extra={**where, "error": bounded(str(exc))}
+                "no preference from the reservation",
+                extra={**where, "error": outside_text(str(exc))},
             )
             return self._distinct(request)
         self.metrics.preferences.labels("reservation").inc()
@@ -326,7 +327,7 @@ class Allocator:
         if mode is None or not allowed:
             outcome = decide(mismatch=True, mode=mode, refit_allowed=allowed)
             return await self._kubelets_gpus(
-                outcome, mode, pod, entry, request, where, deadline, bounded(str(mismatch))
+                outcome, mode, pod, entry, request, where, deadline, outside_text(str(mismatch))
             )
         log.info("mismatch, asking for a refit", extra={**where, "mode": mode.value})
         refit = messages.RefitRequest(
@@ -355,12 +356,12 @@ class Allocator:
             try:
                 selection = self._map_committed(reply, request)
             except (CoreError, SelectionError) as exc:
-                detail = bounded(str(exc))  # the move is committed: no falling back
+                detail = outside_text(str(exc))  # the move is committed: no falling back
             else:
                 # What the container is reserved now, should Allocate answer without accounting.
                 self._moved[(pod.uid, entry.index)] = reply.container_devices or entry.devices
         elif reply is not None:
-            detail = bounded(reply.failure_reason or "refused")
+            detail = outside_text(reply.failure_reason or "refused")
         outcome = decide(
             mismatch=True,
             mode=mode,
@@ -386,7 +387,7 @@ class Allocator:
 
     async def _kubelets_gpus(
         self,
-        outcome: Outcome,
+        outcome: PreferredOutcome,
         mode: Alignment | None,
         pod: PendingPod,
         entry: PendingEntry,
@@ -445,7 +446,7 @@ class Allocator:
         except (AccountingUnavailable, messages.MessageError) as exc:
             log.warning(
                 "kubelet's GPUs not judged: no usage at hand",
-                extra={**where, "error": bounded(str(exc))},
+                extra={**where, "error": outside_text(str(exc))},
             )
             selection = self._distinct(request)
             return Judged(selection or None, source="distinct")
@@ -454,7 +455,7 @@ class Allocator:
         offered = codec.unique_physical_ids(request.available, self.known)
         choice = fallback_choice(tracked, entry.index, node, offered)
         if not choice.ok:
-            return Judged(refusal=bounded(choice.reason))
+            return Judged(refusal=outside_text(choice.reason))
         try:
             selection = select_replicas(
                 request.available, request.required, list(choice.gpus), request.size, self.known
@@ -473,7 +474,7 @@ class Allocator:
 
     async def _settle(
         self,
-        outcome: Outcome,
+        outcome: PreferredOutcome,
         mode: Alignment | None,
         pod: PendingPod,
         entry: PendingEntry,
@@ -524,11 +525,11 @@ class Allocator:
                 timed_out=True,
             )
         except nats.errors.Error as exc:
-            return RefitAnswer(None, f"refit transport error: {bounded(str(exc))}")
+            return RefitAnswer(None, f"refit transport error: {outside_text(str(exc))}")
         try:
             return RefitAnswer(messages.decode(msg.data, RefitReply))
         except messages.MessageError as exc:
-            return RefitAnswer(None, bounded(str(exc)))
+            return RefitAnswer(None, outside_text(str(exc)))
 
     def _map_committed(self, reply: RefitReply, request: ContainerPreference) -> list[str]:
         """kubelet's replicas for the committed move (`CoreError`, `SelectionError`: none)."""
@@ -554,13 +555,13 @@ class Allocator:
         try:
             reply = await self.accounting.ask(request, messages.BindPhaseReply, budget)
         except AccountingUnavailable as exc:
-            log.warning("bind-phase failed not recorded", extra={"error": bounded(str(exc))})
+            log.warning("bind-phase failed not recorded", extra={"error": outside_text(str(exc))})
             return False
         if reply.ok:
             return True
         log.warning(
             "bind-phase failed refused",
-            extra={"code": _code_text(reply.code), "error": bounded(reply.error or "")},
+            extra={"code": _code_text(reply.code), "error": outside_text(reply.error or "")},
         )
         return _code(reply.code) not in RETRIED_BIND_PHASE
 
@@ -585,7 +586,7 @@ class Allocator:
         if unknown:
             self.metrics.allocations.labels("unknown_device").inc()
             raise AdmissionRefused(
-                f"{len(unknown)} unknown device ID(s): {bounded(', '.join(unknown))}",
+                f"{len(unknown)} unknown device ID(s): {outside_text(', '.join(unknown))}",
                 invalid_argument=True,
             )
         known = self._take_admitting(len(gpus))
@@ -691,7 +692,7 @@ class Allocator:
         log.warning(
             "kubelet reused the init container's replicas; the reservation could not follow, "
             "accounting records what runs",
-            extra={**where, "devices": list(gpus), "why": bounded(why or "")},
+            extra={**where, "devices": list(gpus), "why": outside_text(why or "")},
         )
         return found
 
@@ -784,7 +785,7 @@ class Allocator:
                 "pod_uid": known.uid,
                 "devices": list(gpus),
                 "reason": why.reason,
-                "error": bounded(str(why)),
+                "error": outside_text(str(why)),
                 "journalled": durable,
             },
         )
@@ -793,7 +794,7 @@ class Allocator:
 
     def _unusable(self, exc: Exception) -> AdmissionRefused:
         self.metrics.allocations.labels("unusable_reply").inc()
-        return AdmissionRefused(f"accounting sent an unusable entry: {bounded(str(exc))}")
+        return AdmissionRefused(f"accounting sent an unusable entry: {outside_text(str(exc))}")
 
     async def _consume(
         self, request: messages.ConsumeRequest, deadline: Deadline, reserve: float
@@ -818,14 +819,14 @@ class Allocator:
                 if _unreadable(exc):
                     raise self._unusable(exc) from exc
                 raise _Unrecorded(
-                    f"cannot record the allocation: {bounded(str(exc))}",
+                    f"cannot record the allocation: {outside_text(str(exc))}",
                     "accounting_unavailable",
                     "accounting_unavailable",
                 ) from exc
             if reply.ok:
                 return reply
             code, shown_code = _code(reply.code), _code_text(reply.code)
-            error = bounded(reply.error or "")
+            error = outside_text(reply.error or "")
             if code is Code.CONFLICT and attempt < CONSUME_ATTEMPTS:
                 log.info("consume conflict; asking again", extra={"attempt": attempt})
                 continue

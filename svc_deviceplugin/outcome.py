@@ -2,7 +2,7 @@
 
 `decide()` turns what the allocator learnt (the mismatch, the pod's mode, whether a refit may
 be asked, the refit's reply or timeout, whether a committed move maps to kubelet's replicas)
-into one `Outcome`; `EFFECTS` says, for each, everything the allocator does with it: the
+into one `PreferredOutcome`; `EFFECTS` says, for each, everything the allocator does with it: the
 `result` label of `numafit_deviceplugin_refits_total{mode,result}`, the outcome recorded for
 `numafit simulate`, the log line, and whether kubelet's choice is kept (a fallback, remembered
 as a fallback container at Allocate) or the admission fails. Nothing else decides these.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from shared.messages import RefitReply
 
 
-class Outcome(enum.Enum):
+class PreferredOutcome(enum.Enum):
     NO_MISMATCH = enum.auto()
     """Every reserved GPU has an allowed replica: the reservation is preferred."""
     NOT_OPTED_IN = enum.auto()
@@ -89,9 +89,9 @@ _UNMAPPABLE = "refit committed but unmappable"
 _UNMAPPABLE_REFUSAL = "numa refit committed but kubelet cannot honor the selection: {detail}"
 _FALLBACK_REFUSED = "fallback refused: no offered GPU satisfies the pod"
 
-EFFECTS: Final[Mapping[Outcome, Effect]] = {
-    Outcome.NO_MISMATCH: Effect("no_mismatch", "none", Then.SELECT),
-    Outcome.NOT_OPTED_IN: Effect(
+EFFECTS: Final[Mapping[PreferredOutcome, Effect]] = {
+    PreferredOutcome.NO_MISMATCH: Effect("no_mismatch", "none", Then.SELECT),
+    PreferredOutcome.NOT_OPTED_IN: Effect(
         "not_opted_in",
         "none",
         Then.KUBELET,
@@ -99,20 +99,22 @@ EFFECTS: Final[Mapping[Outcome, Effect]] = {
         detail="error",
         own_mode=False,
     ),
-    Outcome.MOVED: Effect(
+    PreferredOutcome.MOVED: Effect(
         "moved", "moved", Then.SELECT, message="NUMA refit succeeded", detail="code"
     ),
-    Outcome.ALREADY_ALIGNED: Effect(
+    PreferredOutcome.ALREADY_ALIGNED: Effect(
         "already_aligned",
         "already_aligned",
         Then.SELECT,
         message="NUMA refit succeeded",
         detail="code",
     ),
-    Outcome.FALLBACK: Effect("fallback", "fallback", Then.FALLBACK, message=_FALLBACK),
-    Outcome.REFUSED: Effect("fallback", "refused:{code}", Then.FALLBACK, message=_FALLBACK),
-    Outcome.TIMEOUT: Effect("timeout", "timeout", Then.FALLBACK, message=_FALLBACK),
-    Outcome.STRICT_FAILED: Effect(
+    PreferredOutcome.FALLBACK: Effect("fallback", "fallback", Then.FALLBACK, message=_FALLBACK),
+    PreferredOutcome.REFUSED: Effect(
+        "fallback", "refused:{code}", Then.FALLBACK, message=_FALLBACK
+    ),
+    PreferredOutcome.TIMEOUT: Effect("timeout", "timeout", Then.FALLBACK, message=_FALLBACK),
+    PreferredOutcome.STRICT_FAILED: Effect(
         "strict_failed",
         "strict_failed",
         Then.FAIL,
@@ -120,10 +122,10 @@ EFFECTS: Final[Mapping[Outcome, Effect]] = {
         _STRICT,
         refusal=_STRICT_REFUSAL,
     ),
-    Outcome.STRICT_TIMEOUT: Effect(
+    PreferredOutcome.STRICT_TIMEOUT: Effect(
         "timeout", "strict_failed", Then.FAIL, logging.ERROR, _STRICT, refusal=_STRICT_REFUSAL
     ),
-    Outcome.UNMAPPABLE: Effect(
+    PreferredOutcome.UNMAPPABLE: Effect(
         "unmappable",
         "refused:unmappable",
         Then.FAIL,
@@ -132,7 +134,7 @@ EFFECTS: Final[Mapping[Outcome, Effect]] = {
         "error",
         _UNMAPPABLE_REFUSAL,
     ),
-    Outcome.STRICT_UNMAPPABLE: Effect(
+    PreferredOutcome.STRICT_UNMAPPABLE: Effect(
         "unmappable",
         "strict_failed",
         Then.FAIL,
@@ -141,7 +143,7 @@ EFFECTS: Final[Mapping[Outcome, Effect]] = {
         "error",
         _UNMAPPABLE_REFUSAL,
     ),
-    Outcome.FALLBACK_REFUSED: Effect(
+    PreferredOutcome.FALLBACK_REFUSED: Effect(
         "fallback_refused",
         "{prior}",
         Then.FAIL,
@@ -160,7 +162,7 @@ def decide(
     reply: RefitReply | None = None,
     timed_out: bool = False,
     mappable: bool = True,
-) -> Outcome:
+) -> PreferredOutcome:
     """The outcome of one container request.
 
     `mismatch`: a reserved GPU has no allowed replica. `mode`: the pod's valid
@@ -169,32 +171,32 @@ def decide(
     `timed_out`: no reply within the budget. `mappable`: a successful reply's devices map to
     kubelet's replicas."""
     if not mismatch:
-        return Outcome.NO_MISMATCH
+        return PreferredOutcome.NO_MISMATCH
     if mode is None or not refit_allowed:
-        return Outcome.NOT_OPTED_IN
+        return PreferredOutcome.NOT_OPTED_IN
     strict = mode is Alignment.STRICT
     if reply is not None and reply.succeeded:
         if not mappable:
-            return Outcome.STRICT_UNMAPPABLE if strict else Outcome.UNMAPPABLE
+            return PreferredOutcome.STRICT_UNMAPPABLE if strict else PreferredOutcome.UNMAPPABLE
         aligned = Code.parse(reply.code, Code.MOVED) is Code.ALREADY_ALIGNED
-        return Outcome.ALREADY_ALIGNED if aligned else Outcome.MOVED
+        return PreferredOutcome.ALREADY_ALIGNED if aligned else PreferredOutcome.MOVED
     if timed_out:
-        return Outcome.STRICT_TIMEOUT if strict else Outcome.TIMEOUT
+        return PreferredOutcome.STRICT_TIMEOUT if strict else PreferredOutcome.TIMEOUT
     if strict:
-        return Outcome.STRICT_FAILED
-    return Outcome.FALLBACK if reply is None else Outcome.REFUSED
+        return PreferredOutcome.STRICT_FAILED
+    return PreferredOutcome.FALLBACK if reply is None else PreferredOutcome.REFUSED
 
 
-def judged(outcome: Outcome, mode: Alignment | None, satisfied: bool) -> Outcome:
+def judged(outcome: PreferredOutcome, mode: Alignment | None, satisfied: bool) -> PreferredOutcome:
     """An outcome leaving the container to kubelet's GPUs, once the fallback rule judged them
     (`shared.core.fallback`): an opted-in pod none of whose offered GPUs satisfies its own
     constraints is refused (best-effort gives up NUMA alignment, not those); a pod that did not
     opt in keeps HAMi's behaviour (kubelet's choice runs, accounting follows it)."""
     if satisfied or mode is None or EFFECTS[outcome].then not in (Then.KUBELET, Then.FALLBACK):
         return outcome
-    return Outcome.FALLBACK_REFUSED
+    return PreferredOutcome.FALLBACK_REFUSED
 
 
-def mode_label(outcome: Outcome, mode: Alignment | None) -> str:
+def mode_label(outcome: PreferredOutcome, mode: Alignment | None) -> str:
     """The metric's `mode` label."""
     return mode.value if mode is not None and EFFECTS[outcome].own_mode else "none"

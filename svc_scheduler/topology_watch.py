@@ -20,7 +20,7 @@ from shared.core.nrt import PLURAL, parse_nrt
 from shared.service import kube_io
 from shared.service.follow import follow
 from shared.service.kube_topology import TopologyApi
-from shared.service.logs import bounded
+from shared.service.logs import log_field
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -110,7 +110,7 @@ class TopologyWatch:
             return parse_nrt(obj)
         except CoreError as exc:
             self.metrics.topology_ignored.inc()
-            log.warning("NodeResourceTopology ignored", extra={"error": bounded(str(exc))})
+            log.warning("NodeResourceTopology ignored", extra={"error": log_field(str(exc))})
             return None
 
     async def _changed(self, due: Iterable[Pending]) -> None:
@@ -142,7 +142,7 @@ class TopologyWatch:
             except kube_io.NotFound:
                 pod = None
             except (kube_io.KubeError, TimeoutError) as exc:
-                log.info("prediction not judged", extra={"error": bounded(str(exc))})
+                log.info("prediction not judged", extra={"error": log_field(str(exc))})
                 return
             counts = self.state.resolve(pending, pod)
             for result, count in (counts or {}).items():

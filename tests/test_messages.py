@@ -604,7 +604,7 @@ def test_refit_mode_is_read_like_the_annotation(mode: str, alignment: Alignment)
 
 
 def test_refit_request_to_and_from_the_core() -> None:
-    core = core_refit.RefitRequest(
+    core = core_refit.RefitInput(
         pod_uid=UID,
         pod_namespace="ml",
         pod_name="train",
@@ -624,7 +624,7 @@ def test_refit_request_to_and_from_the_core() -> None:
     )
     assert decode(encode(RefitRequest.from_core(core)), RefitRequest).to_core() == core
     # An empty container name is left out, as today's encoder does.
-    unnamed = core_refit.RefitRequest(
+    unnamed = core_refit.RefitInput(
         pod_uid=UID,
         pod_namespace="ml",
         pod_name="train",

@@ -23,7 +23,7 @@ from shared.core import keys
 from shared.core.config import CoreConfig
 from shared.core.refit import (
     RefitDecision,
-    RefitRequest,
+    RefitInput,
     check_refittable,
     find_container_entry,
     restricted_fit,
@@ -60,7 +60,7 @@ def fallback_choice(
     """The offered GPUs (physical UUIDs) container `index` of `tracked` may run on, in the
     pod's policy order, judged on `node` (its usage counting every tracked pod, this one
     included, as accounting publishes it)."""
-    request = RefitRequest(
+    request = RefitInput(
         pod_uid=tracked.uid,
         pod_namespace=tracked.pod.namespace,
         pod_name=tracked.pod.name,

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class RefitRequest:
-    """A `numafit.refit.v1.<node>` request body (HAMi's fields plus mode and timeoutMs)."""
+class RefitInput:
+    """What a refit is asked, as the core decides on it: a `numafit.refit.v1.<node>` request
+    (HAMi's fields plus mode and timeoutMs) once read. The wire message it is read from is
+    `shared.messages.RefitRequest`."""
 
     pod_uid: str
     pod_namespace: str
@@ -98,7 +100,7 @@ def _uuids(entry: ContainerEntry) -> str:
 
 
 def decide_refit(
-    request: RefitRequest,
+    request: RefitInput,
     *,
     pods: Mapping[str, TrackedPod],
     node: NodeSnapshot | None,
@@ -152,7 +154,7 @@ class RestrictedFit:
     """The preloaded snapshot restricted to kubelet's allowed devices (for `--explain`)."""
 
 
-def check_request(request: RefitRequest) -> RefitDecision | None:
+def check_request(request: RefitInput) -> RefitDecision | None:
     """Rows 1-5: the request itself (None when it passes). Nothing is known about a pod yet,
     so no refusal here records an event."""
     if not (request.pod_uid and request.pod_namespace and request.pod_name and request.node_name):
@@ -184,7 +186,7 @@ def check_request(request: RefitRequest) -> RefitDecision | None:
 
 
 def find_reservation(
-    request: RefitRequest, pods: Mapping[str, TrackedPod]
+    request: RefitInput, pods: Mapping[str, TrackedPod]
 ) -> RefitDecision | Reservation:
     """Rows 6-13: the pod, then the container and its reservation."""
     tracked = find_pod(request, pods)
@@ -193,7 +195,7 @@ def find_reservation(
     return find_container_entry(request, tracked)
 
 
-def find_pod(request: RefitRequest, pods: Mapping[str, TrackedPod]) -> RefitDecision | TrackedPod:
+def find_pod(request: RefitInput, pods: Mapping[str, TrackedPod]) -> RefitDecision | TrackedPod:
     """Rows 6-8: the pod by UID (guards against a recreated pod with the same name), then its
     name and node as the request states them."""
     tracked = pods.get(request.pod_uid)
@@ -218,7 +220,7 @@ def find_pod(request: RefitRequest, pods: Mapping[str, TrackedPod]) -> RefitDeci
     return tracked
 
 
-def find_container_entry(request: RefitRequest, tracked: TrackedPod) -> RefitDecision | Reservation:
+def find_container_entry(request: RefitInput, tracked: TrackedPod) -> RefitDecision | Reservation:
     """Rows 9-13: the container, checked against the spec before any annotation index is used
     (the decoder's trailing entry must never be addressable), then its two entries."""
     pod, index = tracked.pod, request.container_index
@@ -248,7 +250,7 @@ def find_container_entry(request: RefitRequest, tracked: TrackedPod) -> RefitDec
     return Reservation(tracked, index, pending_rows[index], rows)
 
 
-def already_aligned(request: RefitRequest, found: Reservation) -> RefitDecision | None:
+def already_aligned(request: RefitInput, found: Reservation) -> RefitDecision | None:
     """Row 14: every device the container holds is one kubelet allows: a no-op success (None
     when a move is needed)."""
     current, allowed = found.current, frozenset(request.allowed_device_uuids)
@@ -268,7 +270,7 @@ def already_aligned(request: RefitRequest, found: Reservation) -> RefitDecision 
 
 
 def check_refittable(
-    request: RefitRequest, found: Reservation, node: NodeSnapshot | None
+    request: RefitInput, found: Reservation, node: NodeSnapshot | None
 ) -> RefitDecision | NodeSnapshot:
     """Rows 15-17: what the refit can handle (one amount per device, a registered node, no MIG
     among the allowed devices); passes on the node's snapshot."""
@@ -296,7 +298,7 @@ def check_refittable(
 
 
 def restricted_fit(
-    request: RefitRequest,
+    request: RefitInput,
     found: Reservation,
     node: NodeSnapshot,
     quota: QuotaLedger | None,

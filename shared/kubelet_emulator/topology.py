@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shared.core.nrt import ZoneResource, nrt_object, parse_nrt
 from shared.core.numa_prediction import TopologyScope
 from shared.service import kube_io
-from shared.service.logs import bounded
+from shared.service.logs import log_field
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -107,7 +107,7 @@ class TopologyPublisher:
             logger.log(
                 level,
                 "NodeResourceTopology not published",
-                extra={"node": self.node, "error": bounded(str(exc) or type(exc).__name__)},
+                extra={"node": self.node, "error": log_field(str(exc) or type(exc).__name__)},
             )
             self._failed_before = True
             return

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from shared.service import kube_io
 from shared.service.backoff import Backoff
-from shared.service.logs import bounded
+from shared.service.logs import log_field
 
 if TYPE_CHECKING:
     import logging
@@ -62,7 +62,7 @@ async def follow(
             if not absent_logged:
                 log.info(
                     "kind not served; asking again later",
-                    extra={"kind": kind, "error": bounded(str(exc)), "delay": absent_retry},
+                    extra={"kind": kind, "error": log_field(str(exc)), "delay": absent_retry},
                 )
                 absent_logged = True
             resource_version = None
@@ -70,6 +70,6 @@ async def follow(
         except Exception as exc:
             log.warning(
                 "watch or list failed; retrying",
-                extra={"kind": kind, "error": bounded(repr(exc)), "delay": backoff.delay},
+                extra={"kind": kind, "error": log_field(repr(exc)), "delay": backoff.delay},
             )
             await backoff.wait()

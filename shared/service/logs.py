@@ -30,18 +30,21 @@ MAX_FIELD = 1000
 """Characters kept of one log field (or the message); the rest is replaced by a note."""
 
 
-def bounded(value: Any) -> Any:
+def log_field(value: Any) -> Any:
+    """`value` as a log line carries it: a string, or the repr of a container, longer than
+    MAX_FIELD is cut with a note of its length; anything else as is. (The safety net for every
+    field; what a service echoes of outside input it cuts itself, shorter and quoted.)"""
     if isinstance(value, str) and len(value) > MAX_FIELD:
         return f"{value[:MAX_FIELD]}... ({len(value)} characters)"
     if isinstance(value, (dict, list, tuple)):
         text = repr(value)
-        return bounded(text) if len(text) > MAX_FIELD else value
+        return log_field(text) if len(text) > MAX_FIELD else value
     return value
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {
-        k: bounded(v)
+        k: log_field(v)
         for k, v in vars(record).items()
         if k not in _STANDARD and not k.startswith("_")
     }
@@ -54,7 +57,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": bounded(record.getMessage()),
+            "msg": log_field(record.getMessage()),
         }
         body.update(_fields(record))
         if record.exc_info:
@@ -65,7 +68,7 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{record.levelname.lower():<7} {record.name}: {bounded(record.getMessage())}"
+        line = f"{record.levelname.lower():<7} {record.name}: {log_field(record.getMessage())}"
         text = f"{line} {fields}" if fields else line
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)

@@ -7,7 +7,7 @@ import pytest
 from shared.core.pods import Alignment
 from shared.messages import RefitReply
 from svc_deviceplugin.metrics import REFIT_RESULTS
-from svc_deviceplugin.outcome import EFFECTS, Outcome, Then, decide, judged, mode_label
+from svc_deviceplugin.outcome import EFFECTS, PreferredOutcome, Then, decide, judged, mode_label
 
 BE, STRICT = Alignment.BEST_EFFORT, Alignment.STRICT
 MOVED = RefitReply(succeeded=True, code="moved", container_devices="GPU-a,NVIDIA,1,1:")
@@ -17,24 +17,24 @@ REFUSED = RefitReply(succeeded=False, code="no_fit", failure_reason="no allowed 
 
 # mismatch, mode, refit allowed, reply, timed out, mappable -> outcome
 TABLE = [
-    (False, None, True, None, False, True, Outcome.NO_MISMATCH),
-    (False, STRICT, False, None, False, True, Outcome.NO_MISMATCH),
-    (True, None, True, None, False, True, Outcome.NOT_OPTED_IN),
-    (True, BE, False, None, False, True, Outcome.NOT_OPTED_IN),
-    (True, STRICT, False, None, False, True, Outcome.NOT_OPTED_IN),
-    (True, BE, True, MOVED, False, True, Outcome.MOVED),
-    (True, STRICT, True, MOVED, False, True, Outcome.MOVED),
-    (True, BE, True, NEWER, False, True, Outcome.MOVED),
-    (True, BE, True, ALIGNED, False, True, Outcome.ALREADY_ALIGNED),
-    (True, STRICT, True, ALIGNED, False, True, Outcome.ALREADY_ALIGNED),
-    (True, BE, True, MOVED, False, False, Outcome.UNMAPPABLE),
-    (True, STRICT, True, ALIGNED, False, False, Outcome.STRICT_UNMAPPABLE),
-    (True, BE, True, REFUSED, False, True, Outcome.REFUSED),
-    (True, STRICT, True, REFUSED, False, True, Outcome.STRICT_FAILED),
-    (True, BE, True, None, False, True, Outcome.FALLBACK),
-    (True, STRICT, True, None, False, True, Outcome.STRICT_FAILED),
-    (True, BE, True, None, True, True, Outcome.TIMEOUT),
-    (True, STRICT, True, None, True, True, Outcome.STRICT_TIMEOUT),
+    (False, None, True, None, False, True, PreferredOutcome.NO_MISMATCH),
+    (False, STRICT, False, None, False, True, PreferredOutcome.NO_MISMATCH),
+    (True, None, True, None, False, True, PreferredOutcome.NOT_OPTED_IN),
+    (True, BE, False, None, False, True, PreferredOutcome.NOT_OPTED_IN),
+    (True, STRICT, False, None, False, True, PreferredOutcome.NOT_OPTED_IN),
+    (True, BE, True, MOVED, False, True, PreferredOutcome.MOVED),
+    (True, STRICT, True, MOVED, False, True, PreferredOutcome.MOVED),
+    (True, BE, True, NEWER, False, True, PreferredOutcome.MOVED),
+    (True, BE, True, ALIGNED, False, True, PreferredOutcome.ALREADY_ALIGNED),
+    (True, STRICT, True, ALIGNED, False, True, PreferredOutcome.ALREADY_ALIGNED),
+    (True, BE, True, MOVED, False, False, PreferredOutcome.UNMAPPABLE),
+    (True, STRICT, True, ALIGNED, False, False, PreferredOutcome.STRICT_UNMAPPABLE),
+    (True, BE, True, REFUSED, False, True, PreferredOutcome.REFUSED),
+    (True, STRICT, True, REFUSED, False, True, PreferredOutcome.STRICT_FAILED),
+    (True, BE, True, None, False, True, PreferredOutcome.FALLBACK),
+    (True, STRICT, True, None, False, True, PreferredOutcome.STRICT_FAILED),
+    (True, BE, True, None, True, True, PreferredOutcome.TIMEOUT),
+    (True, STRICT, True, None, True, True, PreferredOutcome.STRICT_TIMEOUT),
 ]
 
 
@@ -48,7 +48,7 @@ def test_decide(
     reply: RefitReply | None,
     timed_out: bool,
     mappable: bool,
-    expected: Outcome,
+    expected: PreferredOutcome,
 ) -> None:
     got = decide(
         mismatch=mismatch,
@@ -65,63 +65,75 @@ def test_every_outcome_is_in_the_table() -> None:
     # FALLBACK_REFUSED is not decided from the refit: the fallback rule's judgement of
     # kubelet's GPUs turns an outcome into it (`judged`).
     decided = {row[-1] for row in TABLE}
-    assert decided | {Outcome.FALLBACK_REFUSED} == set(Outcome) == set(EFFECTS)
+    assert decided | {PreferredOutcome.FALLBACK_REFUSED} == set(PreferredOutcome) == set(EFFECTS)
 
 
 # outcome, mode, kubelet's GPUs satisfy the pod -> outcome
 JUDGED = [
-    (Outcome.FALLBACK, BE, True, Outcome.FALLBACK),
-    (Outcome.FALLBACK, BE, False, Outcome.FALLBACK_REFUSED),
-    (Outcome.REFUSED, BE, False, Outcome.FALLBACK_REFUSED),
-    (Outcome.TIMEOUT, BE, False, Outcome.FALLBACK_REFUSED),
+    (PreferredOutcome.FALLBACK, BE, True, PreferredOutcome.FALLBACK),
+    (PreferredOutcome.FALLBACK, BE, False, PreferredOutcome.FALLBACK_REFUSED),
+    (PreferredOutcome.REFUSED, BE, False, PreferredOutcome.FALLBACK_REFUSED),
+    (PreferredOutcome.TIMEOUT, BE, False, PreferredOutcome.FALLBACK_REFUSED),
     # Refits off (or MIG): an opted-in pod keeps its constraints all the same.
-    (Outcome.NOT_OPTED_IN, BE, False, Outcome.FALLBACK_REFUSED),
-    (Outcome.NOT_OPTED_IN, STRICT, False, Outcome.FALLBACK_REFUSED),
+    (PreferredOutcome.NOT_OPTED_IN, BE, False, PreferredOutcome.FALLBACK_REFUSED),
+    (PreferredOutcome.NOT_OPTED_IN, STRICT, False, PreferredOutcome.FALLBACK_REFUSED),
     # A pod that did not opt in keeps HAMi's behaviour: kubelet's choice runs.
-    (Outcome.NOT_OPTED_IN, None, False, Outcome.NOT_OPTED_IN),
+    (PreferredOutcome.NOT_OPTED_IN, None, False, PreferredOutcome.NOT_OPTED_IN),
     # Nothing left to kubelet: nothing to judge.
-    (Outcome.MOVED, BE, False, Outcome.MOVED),
-    (Outcome.STRICT_FAILED, STRICT, False, Outcome.STRICT_FAILED),
+    (PreferredOutcome.MOVED, BE, False, PreferredOutcome.MOVED),
+    (PreferredOutcome.STRICT_FAILED, STRICT, False, PreferredOutcome.STRICT_FAILED),
 ]
 
 
 @pytest.mark.parametrize(("outcome", "mode", "satisfied", "expected"), JUDGED)
 def test_judged(
-    outcome: Outcome, mode: Alignment | None, satisfied: bool, expected: Outcome
+    outcome: PreferredOutcome, mode: Alignment | None, satisfied: bool, expected: PreferredOutcome
 ) -> None:
     assert judged(outcome, mode, satisfied) is expected
-    refused = EFFECTS[Outcome.FALLBACK_REFUSED]
+    refused = EFFECTS[PreferredOutcome.FALLBACK_REFUSED]
     assert refused.then is Then.FAIL and refused.record.format(prior="refused:no_fit") == (
         "refused:no_fit"
     )
-    assert refused.result in REFIT_RESULTS[mode_label(Outcome.FALLBACK_REFUSED, STRICT)]
-    assert refused.result in REFIT_RESULTS[mode_label(Outcome.FALLBACK_REFUSED, BE)]
+    assert refused.result in REFIT_RESULTS[mode_label(PreferredOutcome.FALLBACK_REFUSED, STRICT)]
+    assert refused.result in REFIT_RESULTS[mode_label(PreferredOutcome.FALLBACK_REFUSED, BE)]
 
 
 # outcome, mode -> (mode label, result label, recorded outcome, what kubelet gets)
 EFFECTS_TABLE = [
-    (Outcome.NO_MISMATCH, None, ("none", "no_mismatch", "none", Then.SELECT)),
-    (Outcome.NO_MISMATCH, STRICT, ("strict", "no_mismatch", "none", Then.SELECT)),
-    (Outcome.NOT_OPTED_IN, BE, ("none", "not_opted_in", "none", Then.KUBELET)),
-    (Outcome.MOVED, BE, ("best-effort", "moved", "moved", Then.SELECT)),
+    (PreferredOutcome.NO_MISMATCH, None, ("none", "no_mismatch", "none", Then.SELECT)),
+    (PreferredOutcome.NO_MISMATCH, STRICT, ("strict", "no_mismatch", "none", Then.SELECT)),
+    (PreferredOutcome.NOT_OPTED_IN, BE, ("none", "not_opted_in", "none", Then.KUBELET)),
+    (PreferredOutcome.MOVED, BE, ("best-effort", "moved", "moved", Then.SELECT)),
     (
-        Outcome.ALREADY_ALIGNED,
+        PreferredOutcome.ALREADY_ALIGNED,
         STRICT,
         ("strict", "already_aligned", "already_aligned", Then.SELECT),
     ),
-    (Outcome.FALLBACK, BE, ("best-effort", "fallback", "fallback", Then.FALLBACK)),
-    (Outcome.REFUSED, BE, ("best-effort", "fallback", "refused:no_fit", Then.FALLBACK)),
-    (Outcome.TIMEOUT, BE, ("best-effort", "timeout", "timeout", Then.FALLBACK)),
-    (Outcome.STRICT_FAILED, STRICT, ("strict", "strict_failed", "strict_failed", Then.FAIL)),
-    (Outcome.STRICT_TIMEOUT, STRICT, ("strict", "timeout", "strict_failed", Then.FAIL)),
-    (Outcome.UNMAPPABLE, BE, ("best-effort", "unmappable", "refused:unmappable", Then.FAIL)),
-    (Outcome.STRICT_UNMAPPABLE, STRICT, ("strict", "unmappable", "strict_failed", Then.FAIL)),
+    (PreferredOutcome.FALLBACK, BE, ("best-effort", "fallback", "fallback", Then.FALLBACK)),
+    (PreferredOutcome.REFUSED, BE, ("best-effort", "fallback", "refused:no_fit", Then.FALLBACK)),
+    (PreferredOutcome.TIMEOUT, BE, ("best-effort", "timeout", "timeout", Then.FALLBACK)),
+    (
+        PreferredOutcome.STRICT_FAILED,
+        STRICT,
+        ("strict", "strict_failed", "strict_failed", Then.FAIL),
+    ),
+    (PreferredOutcome.STRICT_TIMEOUT, STRICT, ("strict", "timeout", "strict_failed", Then.FAIL)),
+    (
+        PreferredOutcome.UNMAPPABLE,
+        BE,
+        ("best-effort", "unmappable", "refused:unmappable", Then.FAIL),
+    ),
+    (
+        PreferredOutcome.STRICT_UNMAPPABLE,
+        STRICT,
+        ("strict", "unmappable", "strict_failed", Then.FAIL),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("outcome", "mode", "expected"), EFFECTS_TABLE)
 def test_effects(
-    outcome: Outcome, mode: Alignment | None, expected: tuple[str, str, str, Then]
+    outcome: PreferredOutcome, mode: Alignment | None, expected: tuple[str, str, str, Then]
 ) -> None:
     effect = EFFECTS[outcome]
     got = (
@@ -144,4 +156,4 @@ def test_failures_say_why() -> None:
         assert (effect.then is Then.FAIL) == bool(effect.refusal), outcome
         text = effect.refusal.format(detail="X", mode="best-effort")
         assert text.endswith(": X") or not effect.refusal
-        assert effect.message is not None or outcome is Outcome.NO_MISMATCH
+        assert effect.message is not None or outcome is PreferredOutcome.NO_MISMATCH

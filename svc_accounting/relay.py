@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from shared.service import natsconn
-from shared.service.logs import bounded
+from shared.service.logs import log_field
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -93,7 +93,7 @@ class AnswerRelay:
             log.warning(
                 "the broker refuses accounting's answers to this inbox prefix: the refit "
                 "answers there itself (grant accounting publish on <prefix>.> to save a hop)",
-                extra={"prefix": bounded(prefix)},
+                extra={"prefix": log_field(prefix)},
             )
             self._remember(prefix, False)
 

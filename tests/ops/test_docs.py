@@ -118,7 +118,7 @@ def test_every_file_the_docs_name_exists(page: Path) -> None:
     a file moved or renamed is a page to update."""
     named = set(REPO_PATH.findall(FENCE.sub("", page.read_text())))
     missing = sorted(path for path in named if not (ROOT / path.rstrip("/")).exists())
-    assert missing == []
+    assert missing == [], f"{page.name} names files that are gone: update the page's text"
 
 
 def exported_metrics() -> set[str]:

@@ -5,7 +5,6 @@ nodes, :class:`SimulatedBackend` in tests and ``numafit simulate``.
 """
 
 from svc_deviceplugin.discovery.errors import DiscoveryError, TopologyError
-from svc_deviceplugin.discovery.inventory import inventory_lines
 from svc_deviceplugin.discovery.model import (
     APPLICATION_XIDS,
     NO_NUMA,
@@ -21,6 +20,7 @@ from svc_deviceplugin.discovery.simulated import (
     parse_gpus,
     parse_topology,
 )
+from svc_deviceplugin.discovery.table import inventory_lines
 
 __all__ = [
     "APPLICATION_XIDS",

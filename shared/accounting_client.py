@@ -3,14 +3,14 @@
 Each call is bounded by the caller's remaining budget, and nothing here waits past it (a paged
 snapshot of every node included: all its pages share one budget); `deadlineMs` travels with the
 request, a margin shorter, so accounting never commits after the caller has given up and its
-answer gets home. No responders and timeouts become `AccountingUnavailable`, so callers can
-apply their fallback without catching nats errors.
+answer gets home. No responders (retried for `UNSERVED_RETRY`: a partition being taken over) and
+timeouts become `AccountingUnavailable`, so callers can apply their fallback, or retry,
+without catching nats errors.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, TypeVar
 
@@ -18,6 +18,7 @@ import msgspec
 import nats.errors
 
 from shared import messages, subjects
+from shared.core.partitions import partition_of
 from shared.messages import AccountingReply, AccountingRequest, NodeStateWire, SnapshotReply
 from shared.service import natsconn
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nats.aio.client import Client
-    from nats.aio.msg import Msg
 
 R = TypeVar("R", bound=AccountingReply)
 Q = TypeVar("Q", bound=AccountingRequest)
@@ -45,17 +45,26 @@ class AccountingUnavailable(Exception):
     """No accounting replica answered in time (or none is subscribed)."""
 
 
-STATUS_HEADER = "Status"
-NO_RESPONDERS = "503"
-"""nats-server's answer on the reply subject when nobody is subscribed to a request's subject."""
+UNSERVED_RETRY = 1.0
+"""Seconds a request keeps being sent again while nobody is subscribed to its subject: a
+partition being taken over is subscribed only once its new owner has brought it up to date
+(svc_accounting/routes.py), about a relist of the pods after a handover. Past this, or the
+budget, `AccountingUnavailable`: the caller's own fallback is not held up longer."""
 REPLY_MARGIN = 0.02
 """Seconds kept back from the caller's budget for the reply's trip home."""
 
 
 class AccountingClient:
-    def __init__(self, nc: Client, default_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        default_timeout: float = 2.0,
+        *,
+        unserved_retry: float = UNSERVED_RETRY,
+    ) -> None:
         self.nc = nc
         self.default_timeout = default_timeout
+        self.unserved_retry = unserved_retry
 
     async def ask(
         self,
@@ -68,13 +77,24 @@ class AccountingClient:
         """One typed operation: `request` (its `node` names the subject; a snapshot of every
         node has none), answered with a `reply_type` within `budget` seconds, or
         `AccountingUnavailable`. `deadlineMs` is set here, `margin` short of the budget."""
-        budget = self.default_timeout if budget is None else budget
         node = getattr(request, "node", None)
         subject = (
             subjects.accounting(request.OP, node)
             if isinstance(node, str)
             else subjects.accounting(request.OP, subjects.ALL_NODES)
         )
+        return await self._ask_on(subject, request, reply_type, budget, margin=margin)
+
+    async def _ask_on(
+        self,
+        subject: str,
+        request: Q,
+        reply_type: type[R],
+        budget: float | None = None,
+        *,
+        margin: float = REPLY_MARGIN,
+    ) -> R:
+        budget = self.default_timeout if budget is None else budget
         if budget <= 0:
             raise AccountingUnavailable(f"no budget left to ask {subject}")
         request = with_deadline(request, budget - margin)
@@ -92,7 +112,9 @@ class AccountingClient:
         try:
             # nats-py bounds the wait for the reply; this bounds the publish before it too.
             async with asyncio.timeout(budget):
-                msg = await natsconn.request(self.nc, subject, data, budget)
+                msg = await natsconn.request(
+                    self.nc, subject, data, budget, grace=min(self.unserved_retry, budget)
+                )
         except nats.errors.NoRespondersError as exc:
             raise AccountingUnavailable(f"no accounting service answers {subject}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:
@@ -114,11 +136,13 @@ class AccountingClient:
         message cannot hold a large cluster), within one `budget`; and the epoch of the run
         that answered (partitioned accounting: the answering replicas' epochs, joined).
 
-        One replica answers alone. Partitioned replicas all answer the first request, each for
-        the partitions it serves (`partitions` of `partitionCount`); the rest of each one's
-        pages are asked of it alone (`replica`). A partition nobody serves (a takeover under
-        way) makes the snapshot `AccountingUnavailable`: the caller retries. Starts over when a
-        replica's epoch changes between its pages, at most three times."""
+        Plain request-reply, one answerer per request: the owner of slot 0 answers first with
+        the nodes of every partition it serves (`partitions` of `partitionCount`; one
+        replica: every node, no count); then the owner of the lowest partition not covered
+        yet (slot k is partition k's), until every partition is. A partition nobody serves
+        (a takeover under way) makes the snapshot `AccountingUnavailable`: the caller
+        retries. Starts over when the answerer of a partition changes between its pages, at
+        most three times."""
         total = self.default_timeout if budget is None else budget
         deadline = time.monotonic() + total
 
@@ -131,127 +155,71 @@ class AccountingClient:
             return remaining
 
         for _ in range(3):
-            first = await self._first_pages(page, left)
-            nodes: list[NodeStateWire] = []
-            epochs: list[str] = []
-            restarted = False
-            for reply in first:
-                pages = await self._rest_of(reply, page, left)
-                if pages is None:
-                    restarted = True
-                    break
-                epochs.append(reply.epoch or "")
-                for answer in pages:
-                    default = answer.epoch or ""
-                    nodes.extend(
-                        n if isinstance(n.epoch, str) else msgspec.structs.replace(n, epoch=default)
-                        for n in answer.nodes or ()
-                    )
-            if not restarted:
-                return "+".join(sorted(epochs)), nodes
+            gathered = await self._every_partition(page, left)
+            if gathered is not None:
+                return gathered
         raise AccountingUnavailable("accounting kept restarting during a snapshot")
 
-    async def _first_pages(self, page: int, left: Callable[[], float]) -> list[SnapshotReply]:
-        """The first page of every replica: until the replies cover every partition (one
-        unpartitioned reply covers everything)."""
-        request = messages.SnapshotRequest(after="", limit=page)
-        subject = subjects.accounting(request.OP, subjects.ALL_NODES)
-        budget = left()
-        request = with_deadline(request, budget - REPLY_MARGIN)
-        replies: list[SnapshotReply] = []
-        arrived = asyncio.Event()
-        nobody = asyncio.Event()
-        inbox = self.nc.new_inbox()
-
-        async def collect(msg: Msg) -> None:
-            if msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS:
-                nobody.set()  # the server says no accounting replica is subscribed
-                arrived.set()
-                return
-            try:
-                replies.append(messages.decode(msg.data, SnapshotReply))
-            except messages.MessageError:
-                return
-            arrived.set()
-
-        def covered() -> bool:
-            if any(r.partition_count is None for r in replies if r.ok):
-                return True
-            count = next((r.partition_count for r in replies if r.partition_count), 0)
-            served = {k for r in replies if r.ok for k in r.partitions or ()}
-            return bool(count) and served >= set(range(count))
-
-        sub = await self.nc.subscribe(inbox, cb=collect)
-        try:
-            payload = messages.encode(request)
-            asked_at = time.monotonic()
-            await natsconn.publish(self.nc, subject, payload, reply=inbox)
-            async with asyncio.timeout(budget):
-                while True:
-                    await arrived.wait()
-                    arrived.clear()
-                    if nobody.is_set() and not replies:
-                        if time.monotonic() - asked_at < natsconn.NO_RESPONDERS_GRACE:
-                            # nats-server can say so just before it sees a new subscription.
-                            nobody.clear()
-                            await asyncio.sleep(0.005)
-                            await natsconn.publish(self.nc, subject, payload, reply=inbox)
-                            continue
-                        raise AccountingUnavailable(f"no accounting service answers {subject}")
-                    refused = next((r for r in replies if not r.ok), None)
-                    if refused is not None:
-                        raise AccountingUnavailable(
-                            f"snapshot refused: {subjects.shown(refused.error or '', 200)}"
-                        )
-                    if covered():
-                        break
-        except nats.errors.Error as exc:  # disconnected, reconnecting, the socket broke
-            raise AccountingUnavailable(
-                f"snapshot not asked: {subjects.shown(str(exc), 200)}"
-            ) from exc
-        except TimeoutError as exc:
-            if not replies:
+    async def _every_partition(
+        self, page: int, left: Callable[[], float]
+    ) -> tuple[str, list[NodeStateWire]] | None:
+        """One pass over the partitions (None: an answerer changed, start over)."""
+        nodes: list[NodeStateWire] = []
+        epochs: list[str] = []
+        covered: set[int] = set()
+        count: int | None = None
+        slot = 0
+        while True:
+            pages = await self._pages_of(slot, page, left)
+            if pages is None:
+                return None
+            first = pages[0]
+            epochs.append(first.epoch or "")
+            if count is None:
+                count = first.partition_count or 0
+            elif first.partition_count != count:
+                return None  # the replicas restarted with another partition count
+            fresh = set(first.partitions or ()) - covered
+            if count and slot not in fresh:
                 raise AccountingUnavailable(
-                    f"no accounting replica answered a snapshot in {budget:.3f}s"
-                ) from exc
-            count = next((r.partition_count for r in replies if r.partition_count), 0)
-            served = {k for r in replies for k in r.partitions or ()}
-            missing = sorted(set(range(count)) - served)
-            raise AccountingUnavailable(
-                f"no accounting replica serves partitions {missing[:16]} (a takeover is under way)"
-            ) from exc
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        # One reply per replica (a late duplicate of the same replica is dropped).
-        unique: dict[str | None, SnapshotReply] = {}
-        for reply in replies:
-            unique.setdefault(reply.replica, reply)
-        return list(unique.values())
+                    f"the owner of partition {slot} answered without it (a handover under way)"
+                )
+            for answer in pages:
+                default = answer.epoch or ""
+                for n in answer.nodes or ():
+                    # A partition two answers cover (handed over between them): the first's.
+                    if count and partition_of(n.node, count) not in fresh:
+                        continue
+                    nodes.append(
+                        n if isinstance(n.epoch, str) else msgspec.structs.replace(n, epoch=default)
+                    )
+            covered |= fresh
+            missing = sorted(set(range(count)) - covered)
+            if not missing:
+                return "+".join(sorted(epochs)), nodes
+            slot = missing[0]
 
-    async def _rest_of(
-        self, first: SnapshotReply, page: int, left: Callable[[], float]
+    async def _pages_of(
+        self, slot: int, page: int, left: Callable[[], float]
     ) -> list[SnapshotReply] | None:
-        """`first` and the pages after it, asked of the replica that sent it; None when that
-        replica's epoch changed between pages (it restarted: start over)."""
-        pages = [first]
-        reply = first
+        """Every page the owner of `slot` answers; None when the answerer changed between
+        pages (another replica, or the same one restarted: start over)."""
+        subject = subjects.accounting_all(slot)
+        pages: list[SnapshotReply] = []
         after = ""
-        while reply.more:
-            following = reply.next or ""
-            if following <= after:
-                raise AccountingUnavailable("snapshot pages do not advance")
-            after = following
-            reply = await self.ask(
-                messages.SnapshotRequest(after=after, limit=page, replica=first.replica),
-                SnapshotReply,
-                left(),
-            )
+        while True:
+            request = messages.SnapshotRequest(after=after, limit=page)
+            reply = await self._ask_on(subject, request, SnapshotReply, left())
             if not reply.ok:
                 raise AccountingUnavailable(
                     f"snapshot refused: {subjects.shown(reply.error or '', 200)}"
                 )
-            if reply.epoch != first.epoch:
+            if pages and (reply.epoch, reply.replica) != (pages[0].epoch, pages[0].replica):
                 return None
             pages.append(reply)
-        return pages
+            if not reply.more:
+                return pages
+            following = reply.next or ""
+            if following <= after:
+                raise AccountingUnavailable("snapshot pages do not advance")
+            after = following

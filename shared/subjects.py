@@ -3,6 +3,13 @@
 Node names become one subject token: every `.` is replaced by `_` (DESIGN.md), so a node's
 subjects can be granted to that node alone with one permission entry.
 
+Accounting's subjects also carry the node's *slot* (shared/core/partitions.py), just before the
+node token: `numafit.accounting.v1.<op>.<slot>.<node>`. The slot is a pure function of the node
+name, so every caller (scheduler, refit, device plugin, the tools) builds the subject from the
+node alone, and each accounting replica subscribes to the slots of the partitions it owns and
+nothing else (docs/design/partitioned-accounting.md). The node token stays last, so a node's
+permission reads `numafit.accounting.v1.<op>.*.<node>`.
+
 Every name is validated before it becomes a token. A Kubernetes node name is a DNS-1123
 subdomain of at most 253 characters; anything else (whitespace, a wildcard, 5,000 characters)
 would make a subject nats-server refuses, and a protocol line over its `max_control_line` (4096)
@@ -13,7 +20,9 @@ makes the server close the whole connection. So an invalid name is refused here,
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Final, TypeGuard
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeGuard
+
+from shared.core.partitions import SLOTS, slot_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -37,10 +46,12 @@ ACCOUNTING_OPS: Final = (
     "snapshot",
     "register",
 )
-"""Accounting operations, each on `numafit.accounting.v1.<op>.<node>`."""
+"""Accounting operations, each on `numafit.accounting.v1.<op>.<slot>.<node>`."""
 
 ALL_NODES: Final = "_all"
-"""The node token of a cluster-wide snapshot request."""
+"""The node token of a snapshot of every node of one partition (`accounting_all`)."""
+ACCOUNTING_EVERY_SLOT: Final = f"{ACCOUNTING_PREFIX}.*.*.*"
+"""Every accounting request: what one unpartitioned replica (`--partitions 0`) subscribes to."""
 
 MAX_NAME_LENGTH: Final = 253
 """Kubernetes object names (DNS-1123 subdomain) are at most 253 characters."""
@@ -154,17 +165,80 @@ def refit(node: str) -> str:
 
 
 def accounting(op: str, node: str) -> str:
+    """The subject of accounting operation `op` for `node`: its slot, then its token. For
+    `ALL_NODES` (snapshot only), the snapshot of the partition holding slot 0."""
     if op not in ACCOUNTING_OPS:
         raise ValueError(f"unknown accounting operation {op!r}")
     if node == ALL_NODES:
         if op != "snapshot":
             raise ValueError(f"{op} cannot address every node")
-        return f"{ACCOUNTING_PREFIX}.snapshot.{ALL_NODES}"
-    return f"{ACCOUNTING_PREFIX}.{op}.{node_token(node)}"
+        return accounting_all(0)
+    token = node_token(node)
+    return f"{ACCOUNTING_PREFIX}.{op}.{slot_of(node)}.{token}"
+
+
+def accounting_all(slot: int) -> str:
+    """The snapshot of every node its answerer serves, asked of the owner of `slot` (slot k
+    belongs to partition k for every k below the partition count)."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"slot {slot} is not one of {SLOTS}")
+    return f"{ACCOUNTING_PREFIX}.snapshot.{slot}.{ALL_NODES}"
+
+
+def accounting_slot(slot: int) -> str:
+    """Every operation on the nodes of `slot`: what the owner of its partition subscribes to."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"slot {slot} is not one of {SLOTS}")
+    return f"{ACCOUNTING_PREFIX}.*.{slot}.*"
 
 
 def accounting_wildcard(op: str) -> str:
-    return f"{ACCOUNTING_PREFIX}.{op}.*"
+    """Operation `op` on every node."""
+    return f"{ACCOUNTING_PREFIX}.{op}.*.*"
+
+
+class AccountingSubject(NamedTuple):
+    op: str
+    slot: int
+    token: str
+    """A node token, or `ALL_NODES`."""
+
+    @property
+    def node(self) -> str:
+        """The node name the token stands for (`_` is never part of a node name)."""
+        return self.token.replace("_", ".")
+
+    def slot_matches(self) -> bool:
+        """Is the slot the node's own? A caller may build a subject by hand; one naming another
+        slot reached a replica that may not own the node. A token that names no node is let
+        through: the operation refuses it for what it is."""
+        if self.token == ALL_NODES or not valid_token(self.token):
+            return True
+        return slot_of(self.node) == self.slot
+
+
+def accounting_token(op: str, token: str) -> str:
+    """The subject of `op` for a subject token taken as it is, unchecked (what a hostile or
+    careless client sends): its slot is computed as for the node it would name."""
+    return f"{ACCOUNTING_PREFIX}.{op}.{slot_of(token.replace('_', '.'))}.{token}"
+
+
+_SLOT_TOKEN: Final = re.compile(r"0|[1-9][0-9]{0,2}")
+
+
+def parse_accounting(subject: str) -> AccountingSubject | None:
+    """The operation, slot and node token of an accounting subject; None when it is not one
+    (the token itself is judged by the operation, as it was before slots)."""
+    prefix = f"{ACCOUNTING_PREFIX}."
+    if not subject.startswith(prefix):
+        return None
+    parts = subject[len(prefix) :].split(".")
+    if len(parts) != 3 or _SLOT_TOKEN.fullmatch(parts[1]) is None:
+        return None
+    slot = int(parts[1])
+    if slot >= SLOTS:
+        return None
+    return AccountingSubject(parts[0], slot, parts[2])
 
 
 def usage(node: str) -> str:

@@ -39,7 +39,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import KeyValueConfig, StorageType
 
-from shared.core.partitions import targets
+from shared.core.partitions import SLOTS, targets
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -142,10 +142,14 @@ class Leases:
         on_acquired: Callable[[dict[int, str]], Awaitable[None]],
         on_released: Callable[[set[int]], Awaitable[None]],
         on_change: Callable[[OwnershipChange], None] | None = None,
+        on_serving: Callable[[set[int]], Awaitable[None]] | None = None,
+        on_unserving: Callable[[set[int]], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if partitions < 1:
             raise ValueError("--partitions must be at least 1")
+        if partitions > SLOTS:
+            raise ValueError(f"--partitions must be at most {SLOTS} (the slots of the subjects)")
         if ttl <= 0:
             raise ValueError("--lease-ttl must be positive")
         self.nc = nc
@@ -156,6 +160,13 @@ class Leases:
         self.on_acquired = on_acquired
         self.on_released = on_released
         self.on_change = on_change
+        self.on_serving = on_serving
+        """Told the partitions just served (brought up to date, lease renewed): it subscribes
+        to their subjects (svc_accounting/routes.py); should it fail, they are handed back."""
+        self.on_unserving = on_unserving
+        """Told the partitions about to stop being served, while this replica still holds
+        their keys: it drains their subscriptions, so no request reaches it after the key is
+        freed."""
         self.clock = clock
         self.renew_every = ttl * RENEW_FRACTION
         self.renew_deadline = ttl * DEADLINE_FRACTION
@@ -200,6 +211,11 @@ class Leases:
             and partition not in self.releasing
             and self._fresh(partition)
         )
+
+    def holds_fresh(self, partition: int) -> bool:
+        """Held, and its last renewal younger than the renew deadline: no other replica can
+        hold the key (served or not)."""
+        return self._fresh(partition)
 
     def _fresh(self, partition: int) -> bool:
         """Held, and its last renewal younger than the renew deadline."""
@@ -533,14 +549,27 @@ class Leases:
         # The rebuild may have taken a while (a large cluster's relist): renew before serving,
         # so serving starts with a full renew deadline, or not at all when the key was lost.
         await self._renew(self._require(), set(acquired))
-        for k, epoch in acquired.items():
-            if k in self.held:
-                self.serving.add(k)
-                self._changed(k, "acquired", epoch)
+        started = {k: epoch for k, epoch in acquired.items() if k in self.held}
+        self.serving |= set(started)
+        if started and self.on_serving is not None:
+            try:
+                await self.on_serving(set(started))
+            except Exception:
+                log.exception("subscribing to taken partitions failed; handing them back")
+                await self._release(set(started), "released", delete=True)
+                return
+        for k, epoch in started.items():
+            self._changed(k, "acquired", epoch)
 
     async def _release(self, partitions: set[int], change: str, *, delete: bool) -> None:
         """Stop serving first (requests arriving meanwhile are refused, to be retried at the
-        next owner), let the writes under way finish (`on_released`), then free the keys."""
+        next owner), let the writes under way finish (`on_released`), then free the keys.
+        Before all that, while the keys are still this replica's, its subscriptions to them
+        are drained (`on_unserving`): what the server delivered is answered here, nothing
+        more is delivered."""
+        if self.on_unserving is not None and partitions & set(self.held):
+            with contextlib.suppress(Exception):  # bounded by its own timeout
+                await self.on_unserving(partitions & set(self.held))
         serving = partitions & self.serving
         self.serving -= partitions
         if delete:

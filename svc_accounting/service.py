@@ -1,10 +1,11 @@
 """svc_accounting: the single writer of reservations, serving its operations over NATS.
 
 Start: list nodes, pods and quotas and rebuild the ledger from the annotations (readiness waits
-for that), then serve `numafit.accounting.v1.<op>.<node>` and keep the ledger in step with the
-API server through watches of pods, nodes and resource quotas. Every change of a node is
-published on `numafit.usage.v1.<node>`; a deleted node is published once more with
-`"deleted": true` (and no devices) so readers drop it.
+for that), then serve `numafit.accounting.v1.<op>.<slot>.<node>` (every slot with one replica,
+the slots of the partitions it serves when partitioned: svc_accounting/routes.py) and keep the
+ledger in step with the API server through watches of pods, nodes and resource quotas. Every
+change of a node is published on `numafit.usage.v1.<node>`; a deleted node is published once
+more with `"deleted": true` (and no devices) so readers drop it.
 
 The watches are the service's job itself: each is an eternal task that relists after a 410 and
 retries failed lists and watches with backoff, forever. Should one ever end anyway, readiness
@@ -25,7 +26,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import nats.errors
 import nats.micro
 
@@ -54,22 +54,20 @@ from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import (
     DEFAULT_RESERVATION_TTL,
-    NO_WRITE_OPS,
-    NotAddressed,
     Operations,
     ReadTooLate,
     Unanswerable,
     bounded,
 )
 from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
-from svc_accounting.relay import AnswerRelay
+from svc_accounting.routes import Routes
 from svc_accounting.unbound import UnboundPods
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from nats.aio.client import Client
-    from nats.micro.request import Request
+    from nats.aio.msg import Msg
     from nats.micro.service import Service
     from prometheus_client import CollectorRegistry
 
@@ -147,7 +145,6 @@ def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingServ
             lease_ttl=chosen.lease_ttl,
             lease_bucket=chosen.lease_bucket,
             replica_id=chosen.replica_id,
-            takeover_wait=chosen.takeover_wait,
         )
 
     return ServiceSpec(NAME, CONDITIONS, build)
@@ -171,7 +168,6 @@ class AccountingService:
         lease_ttl: float = DEFAULT_TTL,
         lease_bucket: str = DEFAULT_BUCKET,
         replica_id: str = "",
-        takeover_wait: float = DEFAULT_TAKEOVER_WAIT,
     ) -> None:
         self.nc = nc
         self.kube = kube
@@ -183,7 +179,6 @@ class AccountingService:
             kube, self.supervisor, timeout=event_timeout, task_name="drift-event", logger=log
         )
         self.ledger = Ledger()
-        self.relay = AnswerRelay(nc)
         self.unbound = UnboundPods(self.config)
         self.ops = Operations(
             self.ledger,
@@ -215,11 +210,15 @@ class AccountingService:
                 on_acquired=self._take_over,
                 on_released=self._hand_over,
                 on_change=self._ownership_changed,
+                on_serving=self._subscribe,
+                on_unserving=self._unsubscribe,
             )
             self.ledger.partition_count = partitions
             self.metrics.partitions_total.set(partitions)
             self.ops.intents = IntentLog(nc, bucket=lease_bucket, timeout=self.leases.kv_timeout)
-        self.ownership = Ownership(self.leases, takeover_wait=takeover_wait)
+        self.ownership = Ownership(self.leases)
+        self.routes = Routes(nc, self._deliver, partitions=partitions, timeout=write_timeout)
+        """This replica's subscriptions: the slots of what it serves, nothing else."""
         self.ops.serves = self.ownership.serves
         self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
         self.ops.on_late = self.metrics.late_requests.inc
@@ -230,7 +229,6 @@ class AccountingService:
 
     async def start(self) -> None:
         await self.supervisor.start()
-        self.relay.watch()
         versions = await self.rebuild()
         self._rebuilt_at = time.monotonic()
         self.readiness.set("ledger")
@@ -241,11 +239,13 @@ class AccountingService:
         self.supervisor.spawn(self._expire_loop(), "expire-reservations", eternal=True)
         await self._check_peers()
         if self.leases is not None:
-            # Take what nobody holds (and bring it up to date) before answering anything.
+            # Take what nobody holds, bring it up to date, then subscribe to it (`_subscribe`).
             await self.leases.open()
             if self.ops.intents is not None:
                 await self.ops.intents.open()
             await self.leases.first_round()
+        # The service carries no endpoint (its subscriptions follow ownership, and nats.micro
+        # cannot remove an endpoint): it is how instances find each other (`_check_peers`).
         service = await nats.micro.add_service(
             self.nc,
             name="numafit-accounting",
@@ -256,16 +256,8 @@ class AccountingService:
                 "replica": self.replica,
             },
         )
-        # One replica: the shared queue group. Partitioned: a queue group of its own, so that
-        # every replica receives every request and the owner of the node's partition answers.
-        queue = (
-            subjects.ACCOUNTING_QUEUE
-            if self.leases is None
-            else f"{subjects.ACCOUNTING_QUEUE}.{self.replica}"
-        )
-        group = service.add_group(name=subjects.ACCOUNTING_PREFIX, queue_group=queue)
-        for op in subjects.ACCOUNTING_OPS:
-            await group.add_endpoint(name=op, subject=f"{op}.*", handler=self._handler(op))
+        if self.leases is None:
+            await self.routes.open_every_slot()
         await self.nc.flush()
         self._service = service
         self.readiness.set("nats")
@@ -295,7 +287,7 @@ class AccountingService:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(grace):
                     await self.leases.stop()
-            await self.ownership.changed()
+        await self.routes.close_all()
         service, self._service = self._service, None
         await natsconn.stop_service(self.nc, service)
         await self.supervisor.stop(grace)
@@ -376,6 +368,17 @@ class AccountingService:
                     )
                 await intents.forget(recorded)
 
+    async def _subscribe(self, partitions: set[int]) -> None:
+        """Partitions now served (brought up to date, lease renewed): from here on the server
+        delivers their requests to this replica, and only to it."""
+        await self.routes.open(partitions)
+
+    async def _unsubscribe(self, partitions: set[int]) -> None:
+        """Partitions about to be handed over (or lost), their keys still this replica's: no
+        request of theirs is delivered here once this returns; those delivered already are
+        handed to `_deliver` first (and answered: the partitions are still served)."""
+        await self.routes.close(partitions)
+
     def _ownership_changed(self, change: OwnershipChange) -> None:
         """Counted, and the owned gauge follows (only here: it is not worth a look per
         request)."""
@@ -398,7 +401,6 @@ class AccountingService:
         for name in list(self.ledger.nodes):
             if self.ledger.partition(name) in released:
                 self.metrics.node_gone(name)  # its new owner exports its series now
-        await self.ownership.changed()
         self.metrics.partitions_owned.set(len(self.ownership.served()))
 
     async def _drain(self, released: set[int]) -> None:
@@ -645,31 +647,30 @@ class AccountingService:
 
     # --- requests ---------------------------------------------------------------------------
 
-    def _handler(self, op: str) -> Any:
-        async def handle(request: Request) -> None:
-            await self.supervisor.request(self._serve(op, request), name=f"accounting-{op}")
+    async def _deliver(self, msg: Msg) -> None:
+        await self.supervisor.request(self._serve(msg), name="accounting-request")
 
-        return handle
-
-    async def _serve(self, op: str, request: Request) -> None:
+    async def _serve(self, msg: Msg) -> None:
         received = time.monotonic()  # the request's relative deadline counts from here
-        token = subjects.last_token(request.subject)
-        admission = await self.ownership.admit(token, changes=op not in NO_WRITE_OPS)
+        addressed = subjects.parse_accounting(msg.subject)
+        if addressed is None or not addressed.slot_matches():
+            # Built by hand (the slot is not the node's): it reached the owner of another
+            # node, the one replica subscribed to that slot, which says so.
+            await self._answer_invalid(msg, addressed)
+            return
+        op, token = addressed.op, addressed.token
+        admission = self.ownership.admit(addressed.slot)
         if admission is Admission.DROP:
-            return  # the owner of the node's partition answers
+            return  # the lease ran out: another replica may own the partition and answer
         if admission is Admission.REFUSE:
             self.metrics.unowned.inc()
             with contextlib.suppress(Exception):
-                await request.respond(messages.encode(self._unowned(op, token)))
+                await self._reply(msg, messages.encode(self._unowned(op, token)))
             return
         try:
-            outcome = await self.ops.handle(op, token, request.data, received)
+            outcome = await self.ops.handle(op, token, msg.data, received)
             reply = outcome.reply
-            if outcome.answer is not None:
-                reply = await self._relay(reply, *outcome.answer)
             data = messages.encode(reply)
-        except NotAddressed:
-            return  # a page of `_all` asked of another replica
         except (ReadTooLate, Unanswerable):
             self._warn_late(op)
             return
@@ -680,12 +681,12 @@ class AccountingService:
                 internal = messages.AccountingReply(
                     ok=False, code=Code.API_ERROR, error="internal error"
                 )
-                await request.respond(messages.encode(internal))
+                await self._reply(msg, messages.encode(internal))
             return
         try:
             # The answer first: the caller's next step does not wait for the publishing and
             # bookkeeping below (the ledger already holds the change the reply reports).
-            await natsconn.respond(request, data)
+            await self._reply(msg, data)
         except nats.errors.Error as exc:
             # Only the reply is lost (the caller's wait runs out): what the operation did
             # stands, so it is counted as what it was and its change is still published.
@@ -701,7 +702,7 @@ class AccountingService:
                 extra={
                     "op": op,
                     "code": reply.code,
-                    "subject": shown(request.subject),
+                    "subject": shown(msg.subject),
                     "error": bounded(reply.error or ""),
                 },
             )
@@ -711,24 +712,22 @@ class AccountingService:
             except Exception:
                 log.exception("publishing a change failed", extra={"op": op})
 
-    async def _relay(
-        self, reply: messages.AccountingReply, subject: str, body: bytes
-    ) -> messages.AccountingReply:
-        """A landed move's answer to the device plugin first, then the refit's reply (both
-        leave in one write, and the device plugin is answered a hop sooner). The reply says
-        `answered` only where the broker is known to take accounting's answers (relay.py):
-        elsewhere the refit sends its own copy too."""
-        allowed = self.relay.allowed(subject)
-        if allowed is not False:
-            try:
-                await natsconn.publish(self.nc, subject, body)
-            except nats.errors.Error:
-                # The move has landed whatever became of its answer: the reply must still
-                # say so, and the refit sends the answer itself.
-                return reply
-            if allowed is None and self.relay.needs_check(subject):
-                self.supervisor.spawn(self.relay.check(subject), "answer-relay-check")
-        return msgspec.structs.replace(reply, answered=True) if allowed else reply
+    async def _reply(self, msg: Msg, data: bytes) -> None:
+        """The one answer to `msg` (none when its sender asked for none)."""
+        if msg.reply:
+            await natsconn.publish(self.nc, msg.reply, data)
+
+    async def _answer_invalid(self, msg: Msg, addressed: subjects.AccountingSubject | None) -> None:
+        kinds = None if addressed is None else messages.OPS.get(addressed.op)
+        kind = messages.AccountingReply if kinds is None else kinds[1]
+        error = (
+            f"subject {shown(msg.subject)} is not an accounting subject"
+            if addressed is None
+            else f"subject {shown(msg.subject)} names slot {addressed.slot}, not the node's"
+        )
+        refusal = kind(ok=False, code=Code.INVALID_REQUEST, error=error, epoch=self.ledger.epoch)
+        with contextlib.suppress(Exception):
+            await self._reply(msg, messages.encode(refusal))
 
     def _warn_late(self, op: str) -> None:
         """One warning per LATE_WARN_EVERY seconds, however many requests are read late (a

@@ -35,7 +35,7 @@ from shared.core.nodes import usage_growth
 from shared.core.refit import (
     Event,
     RefitDecision,
-    RefitInput,
+    RefitRequest,
     check_request,
     decide_refit,
     refused,
@@ -112,15 +112,11 @@ def verify_reserve(timeout: float) -> float:
 class _Attempt:
     """What one request learned on its way (kept when its deadline cancels it)."""
 
-    request: RefitInput
+    request: RefitRequest
     deadline: Deadline
     reserve: float
     started: float = field(default_factory=time.monotonic)
     pod_ref: dict[str, str] | None = None
-    answer_to: str | None = None
-    """The requester's reply subject: accounting answers it itself once a move lands."""
-    answered: bool = False
-    """Accounting published the answer of the landed move to the requester."""
     after_reply: list[Callable[[], None]] = field(default_factory=list)
     """Bookkeeping of a landed move, run once the reply is on its way (`settle`)."""
 
@@ -146,11 +142,9 @@ class _Answer(NamedTuple):
     reply: RefitReply
     mode: str
     event_for: tuple[dict[str, str], Event] | None = None
-    logged: tuple[RefitInput, RefitDecision] | None = None
+    logged: tuple[RefitRequest, RefitDecision] | None = None
     settle: Callable[[], None] = lambda: None
     """The bookkeeping to settle once the reply is sent (`_Attempt.settle`)."""
-    answered: bool = False
-    """Accounting answered the requester already (a landed move, where its answers reach)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,15 +246,12 @@ class RefitService:
                 reason = reply.failure_reason
                 if reason is not None and len(reason) > MAX_REASON:
                     reply = msgspec.structs.replace(reply, failure_reason=_cut(reason))
-                if not answer.answered:
-                    # Also after a landed move that accounting answered where the broker is
-                    # not known to take its answers, or an older accounting did not answer
-                    # (the requester takes the first; the two are the same bytes).
-                    await self._respond(request, reply)
+                # The one answer to the device plugin, after the move's reply from accounting:
+                # plain request-reply, each hop answering the request it was asked.
+                await self._respond(request, reply)
             finally:
-                # The read model takes a landed move in before anything else (at once when
-                # accounting answered: the requester may already be asking about the pod again),
-                # whatever happened since the decision: a claim left behind would hold the pod.
+                # The read model takes a landed move in before anything else, whatever
+                # happened since the decision: a claim left behind would hold the pod.
                 answer.settle()
             # Logged, counted and recorded after the answer: kubelet's admission waits on it.
             if answer.logged is not None:
@@ -296,8 +287,7 @@ class RefitService:
 
     async def _decide(self, request: Request) -> _Answer:
         """The reply, the mode label, the Event to record, what to log once answered, the
-        bookkeeping to settle once the reply is sent, and whether accounting answered the
-        requester already."""
+        bookkeeping to settle once the reply is sent."""
         if len(request.data) > MAX_BODY:
             return _Answer(_invalid(f"refit request larger than {MAX_BODY} bytes"), "unknown")
         try:
@@ -316,7 +306,6 @@ class RefitService:
             return _Answer(RefitReply.from_decision(screened), mode)
         deadline = Deadline.after_ms(parsed.timeout_ms)
         attempt = _Attempt(parsed, deadline, reply_reserve(parsed.timeout_ms / 1000.0))
-        attempt.answer_to = natsconn.reply_subject(request)
         try:
             loop = asyncio.get_running_loop()
             async with asyncio.timeout_at(loop.time() + attempt.left()):
@@ -335,7 +324,6 @@ class RefitService:
             event_for,
             (parsed, decision),
             attempt.settle,
-            answered=attempt.answered and decision.code is Code.MOVED,
         )
 
     async def _decide_and_commit(self, attempt: _Attempt) -> RefitDecision:
@@ -351,9 +339,8 @@ class RefitService:
             if attempt.left() <= 0:
                 return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent")
             if self.read_model.moving(node, uid):
-                # An earlier move of this pod is in flight: accounting may have answered its
-                # requester already (who can ask again before that move's reply is applied
-                # here), so decide on the pod only once that move has settled.
+                # An earlier move of this pod is in flight (its requester gave up and asked
+                # again, say): decide on the pod only once that move has settled.
                 wait = attempt.left() - verify_reserve(attempt.timeout) - MIN_COMMIT_BUDGET
                 if await self.read_model.wait_change(node, wait):
                     continue
@@ -409,7 +396,9 @@ class RefitService:
             if conflicts > MAX_CONFLICTS:
                 return _failed(Code.CONFLICT, f"the node kept changing ({conflicts} conflicts)")
 
-    def _decide_on(self, request: RefitInput, view: View, *, claims: bool = True) -> RefitDecision:
+    def _decide_on(
+        self, request: RefitRequest, view: View, *, claims: bool = True
+    ) -> RefitDecision:
         usage = view.usage
         if usage is not None and claims:
             held = self.read_model.claims(request.node_name, excluding=request.pod_uid)
@@ -430,7 +419,6 @@ class RefitService:
         wait = attempt.left() - verify_reserve(attempt.timeout)
         if wait - margin < MIN_COMMIT_BUDGET:
             return _failed(Code.DEADLINE_EXCEEDED, "refit budget spent before commit")
-        answer_to = attempt.answer_to
         move = MoveRequest(
             pod_uid=request.pod_uid,
             revision=view.revision,
@@ -440,14 +428,6 @@ class RefitService:
             to_allocate=decision.annotations[keys.TO_ALLOCATE],
             allocated=decision.annotations[keys.ALLOCATED],
             node=node,
-            # The reply for the move once it lands, sent by accounting straight to the
-            # requester: what `_serve` would send (a success carries no failure text to cut).
-            answer_to=answer_to,
-            answer=(
-                msgspec.Raw(messages.encode(RefitReply.from_decision(decision)))
-                if answer_to is not None
-                else msgspec.Raw()
-            ),
         )
         claim = usage_growth(tracked.usage, decision.stored_usage or {})
         lost = ""
@@ -462,7 +442,6 @@ class RefitService:
             held.close()
             raise
         if reply is not None and reply.ok:
-            attempt.answered = reply.answered is True
             # The read model takes the landed move in once the reply is on its way (the
             # device plugin does not wait for it); until then the claim keeps the move's
             # usage counted for every other refit of the node. The claim goes last.
@@ -549,7 +528,7 @@ class RefitService:
         self.metrics.uncertain.labels("not_landed" if checked else "unknown").inc()
         return _failed(code, message)
 
-    def _log(self, request: RefitInput, decision: RefitDecision) -> None:
+    def _log(self, request: RefitRequest, decision: RefitDecision) -> None:
         fields = {
             "pod": f"{request.pod_namespace}/{request.pod_name}",
             "node": request.node_name,
@@ -569,7 +548,7 @@ class RefitService:
         self.events.record(pod, event.type, event.reason, _cut(event.message))
 
 
-def _screen(request: RefitInput, token: str) -> RefitDecision | None:
+def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
     """Refuse what must not go further: names that could not be subjects (or API paths), and
     anything the core would echo unbounded. Empty fields are left to the core ("incomplete")."""
     if not subjects.valid_token(token):
@@ -612,7 +591,7 @@ def _screen(request: RefitInput, token: str) -> RefitDecision | None:
     return None
 
 
-def _holds(entry: TrackedPod | None, request: RefitInput, decision: RefitDecision) -> bool:
+def _holds(entry: TrackedPod | None, request: RefitRequest, decision: RefitDecision) -> bool:
     """Does the pod's entry hold what the decision would have written?"""
     assert decision.annotations is not None
     return (

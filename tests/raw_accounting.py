@@ -36,7 +36,7 @@ class RawAccounting(AccountingClient):
         invalid node name raises `subjects.InvalidName` before anything is sent."""
         budget = self.default_timeout if budget is None else budget
         subject = (
-            f"{subjects.ACCOUNTING_PREFIX}.snapshot.{subjects.ALL_NODES}"
+            subjects.accounting("snapshot", subjects.ALL_NODES)
             if node == subjects.ALL_NODES
             else subjects.accounting(op, node)
         )

@@ -1,11 +1,15 @@
 """Accounting's partitions: which partition a node belongs to, and which replica should own it.
 
-Nodes are spread over a fixed number of partitions by a hash of the node name (FNV-1a, 32 bit:
-stable across processes and Python versions, unlike `hash`). Replicas share the partitions by
-rendezvous (highest random weight) hashing: each partition goes to the live replica with the
-highest weight for it, so a replica joining or leaving moves only the partitions it wins or
-held, about 1/N of them, and every replica computes the same assignment from the same member
-list without talking to the others.
+Every node has a *slot*, one of `SLOTS`, from a hash of its name (FNV-1a, 32 bit: stable across
+processes and Python versions, unlike `hash`). The slot travels in the node's accounting
+subjects, so any caller computes it from the node name alone, whatever partition count the
+accounting replicas run with. A partition is a residue class of slots (partition k holds the
+slots s with s % partitions == k), so a replica subscribes to exactly its partitions' slots.
+
+Replicas share the partitions by rendezvous (highest random weight) hashing: each partition
+goes to the live replica with the highest weight for it, so a replica joining or leaving moves
+only the partitions it wins or held, about 1/N of them, and every replica computes the same
+assignment from the same member list without talking to the others.
 
 Pure: no I/O, no clock.
 """
@@ -37,11 +41,41 @@ def fnv1a_64(data: bytes) -> int:
     return value
 
 
-def partition_of(node: str, partitions: int) -> int:
-    """The partition of `node` among `partitions` (>= 1)."""
+SLOTS = 256
+"""Slots of the subject space: the most partitions accounting can run with. A power of two, so
+that any partition count dividing it (16, the default) puts each node in the partition
+`fnv1a_32(node) % partitions`, as before slots existed (a rolling upgrade agrees on owners)."""
+
+
+def slot_of(node: str) -> int:
+    """The slot of `node` (its accounting subjects carry it)."""
+    return fnv1a_32(node.encode()) % SLOTS
+
+
+def check_partitions(partitions: int) -> None:
     if partitions < 1:
         raise ValueError("there is at least one partition")
-    return fnv1a_32(node.encode()) % partitions
+    if partitions > SLOTS:
+        raise ValueError(f"at most {SLOTS} partitions (the slots of the subjects)")
+
+
+def partition_of_slot(slot: int, partitions: int) -> int:
+    """The partition holding `slot` among `partitions` (1 to SLOTS)."""
+    check_partitions(partitions)
+    return slot % partitions
+
+
+def partition_of(node: str, partitions: int) -> int:
+    """The partition of `node` among `partitions` (1 to SLOTS)."""
+    return partition_of_slot(slot_of(node), partitions)
+
+
+def slots_of(partition: int, partitions: int) -> range:
+    """The slots of `partition` among `partitions`: what its owner subscribes to."""
+    check_partitions(partitions)
+    if not 0 <= partition < partitions:
+        raise ValueError(f"no partition {partition} among {partitions}")
+    return range(partition, SLOTS, partitions)
 
 
 def _weight(member: str, partition: int) -> int:

@@ -72,7 +72,7 @@ def test_accounting_survives_fuzzed_bodies_and_subject_tokens(hostile: Hostile, 
         token = data.draw(tokens, "token")
         node = fuzzing.node_name_for(token)
         body = data.draw(fuzzing.bodies(fuzzing.accounting_shape(op, node)), "body")
-        subject = f"{subjects.ACCOUNTING_PREFIX}.{op}.{token}"
+        subject = subjects.accounting_token(op, token)
         if silenced(violations):
             return
         violations.extend(hostile.run(hostile.nats_case(op, subject, body)))

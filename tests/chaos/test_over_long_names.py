@@ -152,7 +152,7 @@ def test_a_subject_with_ascii_whitespace_leaves_the_connection_up(
         subject = f"{subjects.REFIT_PREFIX}.{token}"
         valid_subject = subjects.refit("node-1")
     else:
-        subject = f"{subjects.ACCOUNTING_PREFIX}.pending.{token}"
+        subject = subjects.accounting_token("pending", token)
         valid_subject = subjects.accounting("pending", "node-1")
 
     async def probe() -> tuple[Any, Any]:

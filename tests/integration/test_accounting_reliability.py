@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 
 from shared import subjects
 from shared.core import keys
+from shared.core.partitions import SLOTS, slot_of
 from tests.builders import container, gpu, node, pod, quota
 from tests.integration.harness import Harness, harness, wait_for
 from tests.integration.test_refit_over_nats import for_create
@@ -377,17 +378,23 @@ async def test_bad_names_and_tokens_are_invalid_requests(nats_url: str, tmp_path
             reply: dict[str, Any] = orjson.loads(msg.data)
             return reply
 
-        prefix = subjects.ACCOUNTING_PREFIX
+        at = subjects.accounting_token
         cases = [
-            (f"{prefix}.pending.bad", {"node": "Bad Node!"}, "node"),
-            (f"{prefix}.pending.BAD", {"node": "bad"}, "subject token"),
-            (f"{prefix}.consume.x", {"node": 5}, "node must be a string"),
+            (at("pending", "bad"), {"node": "Bad Node!"}, "node"),
+            (at("pending", "BAD"), {"node": "bad"}, "subject token"),
+            (at("consume", "x"), {"node": 5}, "node must be a string"),
             # The typed decode names the first field it cannot read, and the type it expected.
-            (f"{prefix}.move.node-1", {"node": "node-1", "revision": "3"}, "`int`, got `str`"),
-            (f"{prefix}.move.node-1", {"node": "node-1", "revision": 3}, "field `podUID`"),
-            (f"{prefix}.reserve._all", {}, "one node"),
+            (at("move", "node-1"), {"node": "node-1", "revision": "3"}, "`int`, got `str`"),
+            (at("move", "node-1"), {"node": "node-1", "revision": 3}, "field `podUID`"),
+            (at("reserve", "_all"), {}, "one node"),
+            # A slot that is not the node's (built by hand) reaches no owner of the node.
             (
-                f"{prefix}.move.node-1",
+                f"{subjects.ACCOUNTING_PREFIX}.pending.{(slot_of('node-1') + 1) % SLOTS}.node-1",
+                {"node": "node-1"},
+                "not the node's",
+            ),
+            (
+                at("move", "node-1"),
                 {"node": "node-1", "podUID": "u", "revision": 0, "podResourceVersion": 5},
                 "`str | null`, got `int` - at `$.podResourceVersion`",
             ),
@@ -526,7 +533,7 @@ async def test_unbounded_input_is_never_echoed_unbounded(
         assert h.client_nc is not None
         long_token = "a" * 200
         msg = await h.client_nc.request(
-            f"{subjects.ACCOUNTING_PREFIX}.pending.{long_token}",
+            subjects.accounting_token("pending", long_token),
             orjson.dumps({"node": "b" * 200 + huge}),
             timeout=2,
         )

@@ -20,10 +20,10 @@ import pytest
 from nats.js.api import KeyValueConfig, StorageType
 
 from shared import subjects
+from shared.core.partitions import SLOTS, slot_of
 from shared.nats_server import NatsCluster, find_binary
 from shared.service import natsconn
 from svc_accounting.leases import Leases
-from svc_accounting.relay import AnswerRelay
 from tests.jetstream import create_bucket, put_within
 
 if TYPE_CHECKING:
@@ -237,50 +237,43 @@ async def test_a_node_reaches_only_its_own_subjects(cluster: NatsCluster) -> Non
             await client.close()
 
 
-async def test_every_accounting_replica_receives_every_request(cluster: NatsCluster) -> None:
-    """Replicas subscribe without a queue group (the owner of the node's partition answers):
-    the accounting credentials allow two such subscriptions, on different servers."""
+async def test_a_request_reaches_only_the_replica_subscribed_to_its_slot(
+    cluster: NatsCluster,
+) -> None:
+    """Replicas subscribe to the slots of their partitions (svc_accounting/routes.py), on
+    different servers: a node's request reaches the one subscribed to the node's slot, and
+    the other replica sees nothing of it. A node may name another slot for its own node (its
+    grant is `<op>.*.<node>`): that reaches the other slot's owner, never another node's."""
     users = ("accounting", "accounting", "node-1")
-    async with connected(cluster, *users, spread=True) as (one, two, node):
-        assert one.nc is not None and two.nc is not None and node.nc is not None
-        ports = {c.connected_url.port for c in (one.nc, two.nc, node.nc) if c.connected_url}
+    async with connected(cluster, *users, spread=True) as (owner, other, node):
+        assert owner.nc is not None and other.nc is not None and node.nc is not None
+        ports = {c.connected_url.port for c in (owner.nc, other.nc, node.nc) if c.connected_url}
         assert ports == {member.port for member in cluster.members}
-        seen: dict[str, asyncio.Queue[str]] = {"one": asyncio.Queue(), "two": asyncio.Queue()}
+        mine, elsewhere = slot_of("node-1"), (slot_of("node-1") + 1) % SLOTS
+        seen: dict[str, list[str]] = {"owner": [], "other": []}
 
-        def replica(name: str, answers: bool) -> Any:
+        def replica(name: str) -> Any:
             async def handle(msg: Any) -> None:
-                seen[name].put_nowait(msg.subject)
-                if answers and msg.reply:
-                    await msg.respond(name.encode())
+                seen[name].append(msg.subject)
+                await msg.respond(name.encode())
 
             return handle
 
-        await one.nc.subscribe("numafit.accounting.v1.>", cb=replica("one", answers=False))
-        await two.nc.subscribe("numafit.accounting.v1.>", cb=replica("two", answers=True))
-        await one.nc.flush()
-        await two.nc.flush()
+        await owner.nc.subscribe(subjects.accounting_slot(mine), cb=replica("owner"))
+        await other.nc.subscribe(subjects.accounting_slot(elsewhere), cb=replica("other"))
+        await owner.nc.flush()
+        await other.nc.flush()
 
-        subject = subjects.accounting("pending", "node-1")
-        # A flush settles a subscription on its own server only; it reaches node-1's server
-        # over the routes a moment later. Probe (no reply asked) until both replicas hear it.
-        heard: set[str] = set()
-        async with asyncio.timeout(5):
-            while len(heard) < len(seen):
-                await node.nc.publish(subject, b"{}")
-                for name, queue in seen.items():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(0.05):
-                            await queue.get()
-                            heard.add(name)
-        for queue in seen.values():  # a late probe is the same subject: harmless, but gone
-            while not queue.empty():
-                queue.get_nowait()
-        reply = await natsconn.request(node.nc, subject, b"{}", 5)
-        assert reply.data == b"two"
-        async with asyncio.timeout(5):
-            assert await seen["one"].get() == subject
-            assert await seen["two"].get() == subject
-        assert one.violations == two.violations == node.violations == []
+        for op in NODE_OPS:
+            reply = await served_request(node.nc, subjects.accounting(op, "node-1"))
+            assert reply.data == b"owner", op
+        wrong_slot = f"{subjects.ACCOUNTING_PREFIX}.pending.{elsewhere}.node-1"
+        assert (await served_request(node.nc, wrong_slot)).data == b"other"
+        assert seen == {
+            "owner": [subjects.accounting(op, "node-1") for op in NODE_OPS],
+            "other": [wrong_slot],
+        }
+        assert owner.violations == other.violations == node.violations == []
 
 
 async def next_update(watcher: KeyValue.KeyWatcher, within: float = 5.0) -> KeyValue.Entry | None:
@@ -478,71 +471,43 @@ async def test_nobody_else_touches_the_lease_bucket(fresh_cluster: NatsCluster, 
         assert accounting.violations == []
 
 
-async def test_accounting_answers_a_nodes_refit_in_its_inbox(cluster: NatsCluster) -> None:
-    """A landed move's answer goes from accounting straight to the device plugin that asked,
-    through the grant on the node's inbox prefix (as well as the refit's own answer)."""
+async def test_only_the_service_asked_answers(cluster: NatsCluster) -> None:
+    """Plain request-reply: the refit answers the device plugin through allow_responses, after
+    its own move request was answered by accounting; accounting has no grant to publish into
+    a node's inbox (the server refuses it and says so)."""
     async with connected(cluster, "accounting", "refit", "node-1") as (accounting, refit, node):
         assert accounting.nc is not None and refit.nc is not None and node.nc is not None
-        relay, forward = accounting.nc, refit.nc
-        answered = asyncio.Event()
+        answering, forwarding = accounting.nc, refit.nc
 
-        async def refit_forwards(msg: Any) -> None:
-            # As svc_refit sends a move: the requester's reply subject rides along; the refit
-            # does not answer here, so only accounting's answer can reach the node.
+        async def refit_moves(msg: Any) -> None:
             async with asyncio.timeout(5):
                 while True:
                     try:
-                        await natsconn.request(
-                            forward, subjects.accounting("move", "node-1"), msg.reply.encode(), 2
+                        moved = await natsconn.request(
+                            forwarding, subjects.accounting("move", "node-1"), b"{}", 2
                         )
-                        return
+                        break
                     except nats.errors.NoRespondersError:
                         await asyncio.sleep(0.02)  # accounting's interest still on its way
+            await msg.respond(b'{"refit": ' + moved.data + b"}")
 
         async def accounting_answers(msg: Any) -> None:
-            await relay.publish(msg.data.decode(), b'{"answered": "accounting"}')
             await msg.respond(b'{"ok": true}')
-            answered.set()
 
-        await forward.subscribe(
-            subjects.REFIT_WILDCARD, queue=subjects.REFIT_QUEUE, cb=refit_forwards
+        await forwarding.subscribe(
+            subjects.REFIT_WILDCARD, queue=subjects.REFIT_QUEUE, cb=refit_moves
         )
-        await relay.subscribe(subjects.accounting_wildcard("move"), cb=accounting_answers)
-        await forward.flush()
-        await relay.flush()
+        await answering.subscribe(subjects.accounting_wildcard("move"), cb=accounting_answers)
+        await forwarding.flush()
+        await answering.flush()
         reply = await served_request(node.nc, subjects.refit("node-1"))
-        assert reply.data == b'{"answered": "accounting"}'
-        await asyncio.wait_for(answered.wait(), 5)
+        assert reply.data == b'{"refit": {"ok": true}}'
         assert accounting.violations == [] and refit.violations == []
 
-
-async def test_accounting_trusts_its_answers_only_where_the_broker_takes_them(
-    cluster: NatsCluster,
-) -> None:
-    """svc_accounting/relay.py with the accounting credentials: a node inbox prefix the sample
-    grants is trusted after one answer; one it does not grant (node-3 has no line) is known
-    refused, so the refit keeps answering there itself."""
-    connection = await natsconn.connect(
-        url(cluster, "accounting"), "accounting", inbox_prefix=inbox("accounting")
-    )
-    nc = connection.client
-    try:
-        relay = AnswerRelay(nc)
-        relay.watch()
-        refused = asyncio.Event()
-        connection.on_error(lambda text: refused.set())  # told after the relay
-        granted, denied = "_INBOX_node-1.probe.1", "_INBOX_node-3.probe.1"
-
-        assert relay.allowed(granted) is None and relay.needs_check(granted)
-        await nc.publish(granted, b'{"answered": "accounting"}')
-        await relay.check(granted)
-        assert relay.allowed(granted) is True and not relay.needs_check(granted)
-
-        assert relay.allowed(denied) is None and relay.needs_check(denied)
-        await nc.publish(denied, b'{"answered": "accounting"}')
-        await relay.check(denied)
-        await asyncio.wait_for(refused.wait(), 5)  # before the check's PONG, as a rule
-        assert relay.allowed(denied) is False and not relay.needs_check(denied)
-        assert relay.allowed(granted) is True
-    finally:
-        await nc.close()
+        await answering.publish("_INBOX_node-1.probe.1", b'{"answered": "accounting"}')
+        await answering.flush()
+        async with asyncio.timeout(5):
+            while not accounting.violations:
+                accounting.violated.clear()  # reported asynchronously by the server
+                await accounting.violated.wait()
+        assert "_inbox_node-1.probe.1" in accounting.violations[0].lower()

@@ -60,7 +60,7 @@ async def fake_accounting(url: str, handlers: dict[str, Handler]) -> AsyncIterat
                 subjects.accounting_wildcard(op), queue=subjects.ACCOUNTING_QUEUE, cb=handler
             )
         await nc.subscribe(
-            f"{subjects.ACCOUNTING_PREFIX}.snapshot.{subjects.ALL_NODES}",
+            f"{subjects.ACCOUNTING_PREFIX}.snapshot.*.{subjects.ALL_NODES}",
             queue=subjects.ACCOUNTING_QUEUE,
             cb=handlers.get("snapshot_all", _ignore),
         )

@@ -23,7 +23,6 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
@@ -43,24 +42,18 @@ from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
 from shared.subjects import shown
 from svc_accounting.intents import IntentLog
-from svc_accounting.leases import (
-    DEFAULT_BUCKET,
-    DEFAULT_PARTITIONS,
-    DEFAULT_TTL,
-    Leases,
-    OwnershipChange,
-)
+from svc_accounting.leases import Leases, OwnershipChange
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import (
-    DEFAULT_RESERVATION_TTL,
     Operations,
     ReadTooLate,
     Unanswerable,
     bounded,
 )
-from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT, Admission, Ownership
+from svc_accounting.ownership import Admission, Ownership
 from svc_accounting.routes import Routes
+from svc_accounting.settings import AccountingOptions as AccountingOptions  # re-exported
 from svc_accounting.unbound import UnboundPods
 
 if TYPE_CHECKING:
@@ -84,8 +77,6 @@ FRESH_LEDGER_SECONDS = 1.0
 PEER_CHECK_SECONDS = 0.3
 """How long start-up listens for other accounting instances' answers."""
 
-EVENT_TIMEOUT = 2.0
-"""Longest the drift Event may take to record (it is informational: never worth waiting on)."""
 WATCH_KINDS = ("pods", "nodes", "resourcequotas")
 DRAIN_WRITES_FACTOR = 2.0
 """A handover waits at most this many write timeouts for the writes under way (a write and the
@@ -94,31 +85,6 @@ EXPIRY_CHECK_SECONDS = 1.0
 LATE_WARN_EVERY = 10.0
 """Seconds between warnings about requests dropped for being read after their deadline."""
 """Held reservations are checked for expiry at least this often."""
-
-
-@dataclass(frozen=True, slots=True)
-class AccountingOptions:
-    """What `numafit run accounting` takes beyond the common flags."""
-
-    config: CoreConfig = field(default_factory=CoreConfig)
-    quota_resync_seconds: float = 30.0
-    """Seconds: ResourceQuotas are watched; the quota watch is renewed at least this often."""
-    write_timeout: float = 2.0
-    """Seconds one API write may take."""
-    reservation_ttl: float = DEFAULT_RESERVATION_TTL
-    """Seconds a filter's reservation is held (unwritten) waiting for its bind."""
-    event_timeout: float = EVENT_TIMEOUT
-    """Seconds the drift Event may take to record."""
-    watch_timeout_seconds: int = 300
-    """Seconds one watch request lasts before it is renewed (the API server's timeout)."""
-    partitions: int = DEFAULT_PARTITIONS
-    """Partitions of the nodes, shared by the replicas through leases (0: one replica owns
-    every node, without JetStream)."""
-    lease_ttl: float = DEFAULT_TTL
-    lease_bucket: str = DEFAULT_BUCKET
-    replica_id: str = ""
-    """This replica's name in the lease bucket (default: the host name and process id)."""
-    takeover_wait: float = DEFAULT_TAKEOVER_WAIT
 
 
 def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingService]:
@@ -159,15 +125,16 @@ class AccountingService:
         config: CoreConfig | None = None,
         metrics: AccountingMetrics | None = None,
         readiness: Readiness | None = None,
-        quota_resync_seconds: float = 30.0,
-        write_timeout: float = 2.0,
-        reservation_ttl: float = DEFAULT_RESERVATION_TTL,
-        event_timeout: float = EVENT_TIMEOUT,
-        watch_timeout_seconds: int = 300,
-        partitions: int = 0,
-        lease_ttl: float = DEFAULT_TTL,
-        lease_bucket: str = DEFAULT_BUCKET,
-        replica_id: str = "",
+        # No defaults here: AccountingOptions (svc_accounting/settings.py) holds them, once.
+        quota_resync_seconds: float,
+        write_timeout: float,
+        reservation_ttl: float,
+        event_timeout: float,
+        watch_timeout_seconds: int,
+        partitions: int,
+        lease_ttl: float,
+        lease_bucket: str,
+        replica_id: str,
     ) -> None:
         self.nc = nc
         self.kube = kube

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from shared import messages
@@ -42,6 +42,7 @@ from svc_deviceplugin.discovery import (
 from svc_deviceplugin.inventory import Replica, register_devices, replicas
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.server import DevicePluginServicer, PluginServer
+from svc_deviceplugin.settings import PluginOptions as PluginOptions  # noqa: TC001 (re-exported)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,17 +59,6 @@ T = TypeVar("T")
 
 NAME = "numafit-deviceplugin"
 CONDITIONS = ("registered",)
-
-
-@dataclass(frozen=True, slots=True)
-class PluginOptions:
-    """What `numafit run deviceplugin` takes beyond the common flags."""
-
-    config: PluginConfig
-    backend: GpuBackend
-    """NVML, or simulated GPUs (`--topology`)."""
-    reconcile_interval: float = 30.0
-    """Seconds between two checks of which pods accounting still tracks."""
 
 
 def spec(options: PluginOptions) -> ServiceSpec[DevicePluginService]:

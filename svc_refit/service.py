@@ -55,6 +55,7 @@ from svc_refit.read_model import (
     committed,
     with_claims,
 )
+from svc_refit.settings import RefitOptions as RefitOptions  # re-exported
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -145,13 +146,6 @@ class _Answer(NamedTuple):
     logged: tuple[RefitRequest, RefitDecision] | None = None
     settle: Callable[[], None] = lambda: None
     """The bookkeeping to settle once the reply is sent (`_Attempt.settle`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RefitOptions:
-    """What `numafit run refit` takes beyond the common flags."""
-
-    config: CoreConfig = field(default_factory=CoreConfig)
 
 
 def spec(options: RefitOptions | None = None) -> ServiceSpec[RefitService]:

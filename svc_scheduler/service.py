@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.accounting_client import AccountingClient
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.core.config import CoreConfig
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
@@ -26,9 +25,10 @@ from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.node_watch import NodeKubelets, NodeWatch
 from svc_scheduler.read_model import ReadModel
 from svc_scheduler.server import SchedulerHttp
+from svc_scheduler.settings import SchedulerOptions as SchedulerOptions  # re-exported
 from svc_scheduler.topology import TopologyState
 from svc_scheduler.topology_watch import TopologyWatch
-from svc_scheduler.webhook import PodAdmission, kube_quota_source, parse_scheduler_names
+from svc_scheduler.webhook import PodWebhook, kube_quota_source, parse_scheduler_names
 
 if TYPE_CHECKING:
     import ssl
@@ -44,24 +44,6 @@ NAME = "numafit-scheduler"
 READ_MODEL = "read-model"
 HTTP = "http"
 CONDITIONS = (READ_MODEL, HTTP)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerOptions:
-    """What `numafit run scheduler` takes beyond the common flags."""
-
-    config: CoreConfig = field(default_factory=CoreConfig)
-    scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,)
-    """numafit's kube-scheduler profiles: the only pods the extender reserves for and binds;
-    the webhook gives GPU pods of the default scheduler the first."""
-    host: str = "0.0.0.0"
-    """Address of the extender and webhook listener."""
-    port: int = 8888
-    """Port of the listener (0: a free one, for tests)."""
-    ssl_context: ssl.SSLContext | None = None
-    """Serve HTTPS with it (the API server only calls webhooks over HTTPS)."""
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    """Seconds one extender call may take."""
 
 
 def spec(options: SchedulerOptions | None = None) -> ServiceSpec[SchedulerService]:
@@ -133,7 +115,7 @@ class SchedulerService:
             scheduler_names=self.scheduler_names,
             kubelets=self.nodes.state,
         )
-        self.admission = PodAdmission(
+        self.admission = PodWebhook(
             config=self.config,
             scheduler_names=self.scheduler_names,
             quota_source=kube_quota_source(kube, self.config) if kube is not None else None,

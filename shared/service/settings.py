@@ -1,107 +1,132 @@
-"""Command-line settings common to every service (flags over environment over defaults)."""
+"""The settings every service takes, declared once (`shared.service.declare`).
+
+Each service's own are in `svc_<name>/settings.py`; `service_parser` makes the parser of
+`numafit run <name>` from both.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
-from shared.service.logs import add_log_level_argument
+from shared.core.config import NODE_POLICIES, check_node_policy
+from shared.core.policy import check_gpu_policy
+from shared.service.declare import (
+    Setting,
+    SettingsParser,
+    member,
+    optional_text,
+    seconds,
+    setting,
+    whole,
+)
+from shared.service.logs import LOG_LEVELS
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Mapping
+
+COMMON = "common service options"
+"""The help section of these settings."""
+port = whole(0, 65535)
 
 
 @dataclass(frozen=True, slots=True)
 class CommonSettings:
-    nats_url: str
-    """NATS server URL(s), comma-separated."""
-    kubeconfig: str | None
-    """Path of a kubeconfig; None means in-cluster configuration."""
-    metrics_host: str
-    metrics_port: int
-    """Port of /healthz, /readyz and /metrics (0 = pick a free one, for tests)."""
-    log_level: str
-    log_format: str
-    """`json` (one object per line) or `text`."""
-    grace_seconds: float
-    """How long SIGTERM waits for in-flight requests before closing."""
-    nats_connect_timeout: float = 30.0
-    """How long the first NATS connection may take before the service gives up (exit 1)."""
-    nats_inbox_prefix: str = "_INBOX"
-    """Subject prefix of this client's reply inboxes (per-user prefixes keep replies private)."""
+    nats_url: str = setting(
+        "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated", metavar="URL"
+    )
+    kubeconfig: str | None = setting(
+        None,
+        "kubeconfig path; in-cluster configuration when absent",
+        parse=optional_text,
+        aliases=("KUBECONFIG",),
+        shown_default="in-cluster configuration",
+        metavar="PATH",
+    )
+    metrics_host: str = setting("0.0.0.0", "address of /healthz, /readyz and /metrics")
+    metrics_port: int = setting(
+        0, "port of /healthz, /readyz and /metrics (0: a free one, for tests)", parse=port
+    )
+    log_level: str = setting("info", "log level, any case", parse=str.lower, choices=LOG_LEVELS)
+    log_format: str = setting(
+        "json",
+        "json: one object per line for log pipelines; text: for people",
+        choices=("json", "text"),
+    )
+    grace_seconds: float = setting(
+        10.0,
+        "on SIGTERM, how long in-flight requests may take to finish before closing",
+        parse=seconds(allow_zero=True),
+        unit="s",
+    )
+    nats_connect_timeout: float = setting(
+        30.0,
+        "how long the first NATS connection may take before the service exits 1; later "
+        "disconnects are retried forever",
+        unit="s",
+    )
+    nats_inbox_prefix: str = setting(
+        "_INBOX",
+        "subject prefix of this client's reply inboxes; with per-user NATS permissions give "
+        "each user its own, e.g. _INBOX_node-1",
+    )
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, default_metrics_port: int) -> None:
-    env = os.environ
-    group = parser.add_argument_group("common service options")
-    group.add_argument(
-        "--nats-url",
-        default=env.get("NUMAFIT_NATS_URL", "nats://127.0.0.1:4222"),
-        help="NATS server URL(s), comma-separated (env NUMAFIT_NATS_URL; default %(default)s)",
-    )
-    group.add_argument(
-        "--kubeconfig",
-        default=env.get("KUBECONFIG") or None,
-        help="kubeconfig path (env KUBECONFIG); in-cluster configuration when absent",
-    )
-    group.add_argument(
-        "--metrics-host",
-        default=env.get("NUMAFIT_METRICS_HOST", "0.0.0.0"),
-        help="address of /healthz, /readyz and /metrics (default %(default)s)",
-    )
-    group.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(env.get("NUMAFIT_METRICS_PORT", default_metrics_port)),
-        help="port of /healthz, /readyz and /metrics (env NUMAFIT_METRICS_PORT; "
-        "default %(default)s)",
-    )
-    add_log_level_argument(
-        group,
-        default=env.get("NUMAFIT_LOG_LEVEL", "info"),
-        help="log level (env NUMAFIT_LOG_LEVEL; default %(default)s)",
-    )
-    group.add_argument(
-        "--log-format",
-        default=env.get("NUMAFIT_LOG_FORMAT", "json"),
-        choices=["json", "text"],
-        help="json: one object per line for log pipelines; text: for people (default %(default)s)",
-    )
-    group.add_argument(
-        "--grace-seconds",
-        type=float,
-        default=float(env.get("NUMAFIT_GRACE_SECONDS", "10")),
-        help="on SIGTERM, how long to finish in-flight requests (default %(default)s)",
-    )
-    _add_connect_timeout(group)
+def gpu_policy(text: str) -> str:
+    """A GPU policy as the core takes it (refused here so that a typo fails at start, not
+    as odd placements later)."""
+    why = check_gpu_policy(text)
+    if why:
+        raise ValueError(why)
+    return text
 
 
-def _add_connect_timeout(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
-        "--nats-inbox-prefix",
-        default=os.environ.get("NUMAFIT_NATS_INBOX_PREFIX", "_INBOX"),
-        help="reply-inbox subject prefix (env NUMAFIT_NATS_INBOX_PREFIX; default %(default)s); "
-        "with per-user NATS permissions give each user its own, e.g. _INBOX_node-1",
+def node_policy(text: str) -> str:
+    why = check_node_policy(text)
+    if why:
+        raise ValueError(why)
+    return text
+
+
+def gpu_scheduler_policy(section: str = "") -> Setting:
+    """`--gpu-scheduler-policy`, a member of CoreConfig (scheduler and refit)."""
+    return member(
+        "GPU policy when a pod has no hami.io/gpu-scheduler-policy: spread, binpack, or a "
+        "comma chain such as binpack,numa",
+        parse=gpu_policy,
+        section=section,
     )
-    group.add_argument(
-        "--nats-connect-timeout",
-        type=float,
-        default=float(os.environ.get("NUMAFIT_NATS_CONNECT_TIMEOUT", "30")),
-        help="seconds to wait for the first NATS connection before exiting 1 (default "
-        "%(default)s); later disconnects are retried forever",
+
+
+def node_scheduler_policy(section: str = "") -> Setting:
+    return member(
+        "node policy when a pod has no hami.io/node-scheduler-policy: binpack fills the most "
+        "used node first, spread the least used",
+        parse=node_policy,
+        choices=NODE_POLICIES,
+        section=section,
     )
+
+
+def service_parser(
+    prog: str,
+    description: str,
+    options: type[Any],
+    *,
+    metrics_port: int,
+    sections: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    **parser_args: Any,
+) -> SettingsParser:
+    """The parser of `numafit run <service>`: the common settings (with this service's
+    metrics port), then the service's own (`options`, a dataclass of settings)."""
+    parser = SettingsParser(prog=prog, description=description, env=env, **parser_args)
+    parser.declare(CommonSettings, title=COMMON, defaults={"metrics_port": metrics_port})
+    parser.declare(options, sections=sections)
+    return parser
 
 
 def common_from_args(args: argparse.Namespace) -> CommonSettings:
-    return CommonSettings(
-        nats_url=args.nats_url,
-        kubeconfig=args.kubeconfig,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        log_level=args.log_level,
-        log_format=args.log_format,
-        grace_seconds=args.grace_seconds,
-        nats_connect_timeout=args.nats_connect_timeout,
-        nats_inbox_prefix=args.nats_inbox_prefix,
-    )
+    """The common settings of parsed arguments (every one resolved by the parser)."""
+    return CommonSettings(**{f.name: getattr(args, f.name) for f in fields(CommonSettings)})

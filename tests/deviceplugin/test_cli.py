@@ -73,7 +73,7 @@ def test_missing_topology_file_is_named(tmp_path: Path) -> None:
 def test_node_is_required(tmp_path: Path) -> None:
     topology = tmp_path / "gpus.yaml"
     topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: 81920, numa: 0}\n")
-    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "NUMAFIT_NODE")}
     result = subprocess.run(
         [NUMAFIT, "run", "deviceplugin", "--topology", str(topology)],
         capture_output=True,
@@ -82,7 +82,7 @@ def test_node_is_required(tmp_path: Path) -> None:
         check=False,
         env=env,
     )
-    assert result.returncode == 2 and "--node (or NODE_NAME) is required" in result.stderr
+    assert result.returncode == 2 and "--node (or NUMAFIT_NODE) is required" in result.stderr
 
 
 @pytest.mark.parametrize("node", ["Node_1", "node 1", "n" * 300])
@@ -102,7 +102,7 @@ def test_a_bad_node_name_is_refused_at_start(tmp_path: Path, node: str) -> None:
         "0",
     )
     assert result.returncode == 2, result.stderr
-    assert "--node (or NODE_NAME)" in result.stderr and "Traceback" not in result.stderr
+    assert "--node (or NUMAFIT_NODE)" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and len(result.stderr) < 300  # bounded, one line
 
 

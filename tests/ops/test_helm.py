@@ -410,7 +410,7 @@ def test_deviceplugin_daemonset(charts: Charts, variant: str) -> None:
     assert mounts[journal]["mountPath"] == state
     assert set(host_volumes) == {name, journal}, "only the plugin's two directories from the host"
 
-    node_name = env_of(container)["NODE_NAME"]
+    node_name = env_of(container)["NUMAFIT_NODE"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
     security = container["securityContext"]

@@ -224,6 +224,10 @@ class Ledger:
         old = self.tracked(pod.uid)
         if old is not None and not newer(pod.resource_version, old.pod.resource_version):
             return set()  # a stale event must never undo a newer write
+        return self._apply(pod, old)
+
+    def _apply(self, pod: PodInfo, old: TrackedPod | None) -> set[str]:
+        """`observe` once the pod is known to be newer than `old` (what the ledger tracks)."""
         hold = self.held.get(pod.uid)
         if hold is not None:
             if not hold.superseded_by(pod):
@@ -249,6 +253,18 @@ class Ledger:
         self._add(entry)
         changed.add(entry.node)
         return changed
+
+    def observe_bound(self, pod: PodInfo) -> set[str]:
+        """Apply the pod as accounting's own Binding left it: its annotations and node as
+        written, its resourceVersion the one the Binding was guarded by (the Binding's answer
+        is a Status, not the pod). Unlike `observe`, the same resourceVersion as the ledger's
+        applies (this is the write's content, newer than the hold or the object it was guarded
+        by); an event of that version stays stale, every later one is newer. Nothing is done
+        when the watch already delivered a newer object of the pod."""
+        old = self.tracked(pod.uid)
+        if old is not None and newer(old.pod.resource_version, pod.resource_version):
+            return set()  # the watch was faster: it holds the written pod already
+        return self._apply(pod, old)
 
     def forget(self, uid: str) -> set[str]:
         """The pod was deleted: release its reservation."""

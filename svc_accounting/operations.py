@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import weakref
@@ -229,6 +230,14 @@ def _everything(_: str) -> bool:
     return True
 
 
+def _binding_annotations(annotations: Mapping[str, str | None]) -> dict[str, str] | None:
+    """The annotations a Binding can carry for this write, or None when it cannot: the API
+    server merges a Binding's annotations over the pod's, so it sets values but removes none."""
+    if any(value is None for value in annotations.values()):
+        return None
+    return {key: value for key, value in annotations.items() if value is not None}
+
+
 def _holds_reservation(pod: PodInfo, node: str, allocated: str) -> bool:
     """Does the pod already carry exactly this reservation, not yet bound?"""
     annotations = pod.annotations
@@ -392,14 +401,20 @@ class Operations:
             observed |= changed
 
     async def _patch(
-        self, pod: PodInfo, annotations: Mapping[str, str | None], *, settle: bool = False
+        self,
+        pod: PodInfo,
+        annotations: Mapping[str, str | None],
+        *,
+        settle: bool = False,
+        bind_to: str = "",
     ) -> tuple[PodInfo, set[str]]:
         """One guarded write, then the ledger follows what the server returned. A 409 is
         raised as `_Stale` for the caller to decide what it means. With `settle` (a write that
         claims capacity), the write's intent is recorded first where the partition's next
         owner reads it (svc_accounting/intents.py), and a write whose answer does not come in
         time is settled before anything else happens on the node (`_settle`): the reply then
-        says what became of it."""
+        says what became of it. With `bind_to` (a node) and the pod not bound yet, the write is
+        the pod's Binding to that node, carrying the annotations under the same precondition."""
         budget = self._budget(settle)
         node = _NODE.get()
         if node and not self.serves(node):
@@ -420,7 +435,7 @@ class Operations:
                     "write's intent; nothing was written",
                 )
             epoch = self.ledger.epoch_of(node) if node else ""
-            return await self._send(pod, annotations, left, settle, epoch)
+            return await self._send(pod, annotations, left, settle, epoch, bind_to)
         except asyncio.CancelledError:
             intent = None  # outcome unknown: left for whoever takes the partition over next
             raise
@@ -458,9 +473,26 @@ class Operations:
         budget: float,
         settle: bool,
         epoch: str,
+        bind_to: str = "",
     ) -> tuple[PodInfo, set[str]]:
+        carried = _binding_annotations(annotations) if bind_to and not pod.node_name else None
         try:
             async with asyncio.timeout(budget):
+                if carried is not None:
+                    await self.kube.create_binding(
+                        pod.namespace,
+                        pod.name,
+                        pod.uid,
+                        bind_to,
+                        annotations=carried,
+                        resource_version=pod.resource_version,
+                    )
+                    bound = dataclasses.replace(
+                        pod, node_name=bind_to, annotations={**pod.annotations, **carried}
+                    )
+                    changed = self.ledger.observe_bound(bound)
+                    self._note(changed)
+                    return bound, changed
                 body = await self.kube.patch_pod_annotations(
                     pod.namespace, pod.name, annotations, pod.resource_version
                 )
@@ -666,15 +698,17 @@ class Operations:
         unchanged: Callable[[TrackedPod, TrackedPod], bool],
         *,
         settle: bool = False,
+        bind_to: str = "",
     ) -> tuple[TrackedPod, P, PodInfo, set[str]]:
         """Plan and write; on a 409 re-read the pod and, while `unchanged(first, fresh)` holds,
-        plan and write again (bounded by the caller's deadline and MAX_REAPPLY)."""
+        plan and write again (bounded by the caller's deadline and MAX_REAPPLY). `bind_to`:
+        as `_patch`'s (a pod found bound meanwhile is written to, not bound again)."""
         first = current = tracked
         planned = plan(current)
         for attempt in range(MAX_REAPPLY + 1):
             try:
                 written, changed = await self._patch(
-                    current.pod, annotations_of(planned), settle=settle
+                    current.pod, annotations_of(planned), settle=settle, bind_to=bind_to
                 )
             except _Stale as exc:
                 fresh = await self._reread(current.pod)
@@ -931,7 +965,15 @@ class Operations:
             )
             return Outcome(reply, changed | {name})
 
+        bind_to = name if r.bind and phase == keys.PHASE_ALLOCATING else ""
+
         def plan(current: TrackedPod) -> dict[str, str | None]:
+            bound_to = current.pod.node_name
+            if bind_to and bound_to and bound_to != bind_to:
+                raise Refused(
+                    Code.NODE_MISMATCH,
+                    f"pod {current.pod.key} is bound to node {bound_to}, not {bind_to}",
+                )
             annotations: dict[str, str | None] = {keys.BIND_PHASE: phase}
             held = self.ledger.held.get(current.uid)
             if held is not None:
@@ -958,10 +1000,16 @@ class Operations:
 
         # Settled when its answer does not come: a late `allocating` must never land after
         # the bind was given up (it would lock the node for a pod that is not bound there).
-        _, _, written, changed = await self._write_rereading(
-            name, tracked, plan, lambda a: a, unchanged, settle=True
+        guarded, _, written, changed = await self._write_rereading(
+            name, tracked, plan, lambda a: a, unchanged, settle=True, bind_to=bind_to
         )
-        reply = BindPhaseReply(**self._ok(node), pod_resource_version=written.resource_version)
+        # A Binding answers with a Status: the pod's new resourceVersion is the watch's to tell.
+        by_binding = bool(bind_to) and written.resource_version == guarded.pod.resource_version
+        reply = BindPhaseReply(
+            **self._ok(node),
+            pod_resource_version=None if by_binding else written.resource_version,
+            bound=bool(bind_to) and written.node_name == bind_to,
+        )
         return Outcome(reply, changed)
 
     async def move(self, name: str, r: MoveRequest) -> Outcome:

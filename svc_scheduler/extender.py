@@ -14,12 +14,12 @@ its namespace's quota usage before fitting. Accounting's reserve replaces it.
 
 Accounting *holds* a filter's reservation in its ledger (published to every reader at once, so
 concurrent filters see it) without writing the pod. Bind asks accounting for bind-phase
-`allocating`, which writes the whole reservation (vgpu-node, vgpu-time, both allocation
-annotations, bind-phase, bind-time) in one resourceVersion-guarded patch, then creates the
-Binding: two API writes per scheduled pod. A reservation accounting no longer holds (it expired
-unbound, or accounting restarted) fails the bind cleanly and kube-scheduler schedules the pod
-again. If the Binding fails the phase becomes `failed`, so the node's device plugin does not
-wait for a pod that will not come; the next filter reserves afresh.
+`allocating` with `bind`: accounting creates the pod's Binding carrying the whole reservation
+(vgpu-node, vgpu-time, both allocation annotations, bind-phase, bind-time) as annotations,
+guarded by the pod's uid and resourceVersion: one API write per scheduled pod, and the pod is
+never bound without its reservation nor reserved without being bound. The extender writes
+nothing to pods itself. A reservation accounting no longer holds (it expired unbound, or
+accounting restarted) fails the bind cleanly and kube-scheduler schedules the pod again.
 
 Only pods of numafit's own scheduler names are scheduled. kube-scheduler calls an extender for
 every profile it runs, and anyone reaching the port can call it: a GPU pod of another
@@ -107,8 +107,8 @@ DEFAULT_REQUEST_TIMEOUT = 4.0
 MAX_ATTEMPTS = 5
 """Decisions per filter: the first plus recomputations after a lost revision race."""
 FAILURE_RESERVE = 0.3
-"""Seconds of a bind's budget kept back for recording `failed` when the Binding fails, so the
-node's lock is released within the same deadline."""
+"""Seconds of a bind's budget kept back for recording `failed` when the pod could not be bound,
+so the node's lock is released within the same deadline."""
 EVENT_TIMEOUT = 2.0
 """Longest an Event write may take (events are best effort, off the request path)."""
 FIT_CACHE_PRUNE_EVERY = 1024
@@ -118,8 +118,8 @@ REMEMBERED_RESERVATIONS = 4096
 the annotations its own filter wrote)."""
 
 LOCK_WAIT_RESERVE = 1.0
-"""Seconds of a bind's budget a wait for the node's lock leaves for the rest: the guarded
-PATCH, the Binding, and recording `failed` if the Binding fails."""
+"""Seconds of a bind's budget a wait for the node's lock leaves for the rest: accounting's
+guarded Binding (the reservation on it), and recording `failed` if the pod was not bound."""
 REMEMBERED_DEFERRALS = 4096
 """Pods whose filter deferred its refusal to their bind (the reason is shown from there)."""
 
@@ -652,11 +652,19 @@ class Extender:
         if reply.revision is not None:
             # The node is locked from now on: the next filter must see it before deciding.
             self.read_model.expect(args.node, reply.revision)
-        error = await self._create_binding(args, deadline)
-        if error is None:
+        if reply.bound:
+            # Accounting's one write was the Binding, the reservation on it.
             self._reserved.pop(args.pod_uid, None)
             log.info("pod bound", extra={"pod": key, "node": args.node})
             return binding_result(), "ok"
+        # Written but not bound: an accounting replica older than the bind-phase `bind` field
+        # (an upgrade in the wrong order: accounting goes first). The pod is not bound, so
+        # its phase becomes `failed` (the node's lock is released) and kube-scheduler
+        # schedules it again after its backoff.
+        error = (
+            f"accounting wrote the reservation of pod {key} but did not bind it (an accounting "
+            "replica older than this extender: upgrade svc-accounting first)"
+        )
         log.warning("binding failed", extra={"pod": key, "node": args.node, "error": error})
         await self._bind_failed(args, deadline)
         self._record_event(args, "Warning", "BindingFailed", error)
@@ -732,42 +740,6 @@ class Extender:
             raise FilterError("the bind's time budget ran out")
         return budget
 
-    async def _create_binding(self, args: BindingArgs, deadline: Deadline) -> str | None:
-        """None once the pod is bound to the node (already bound there counts), else why not.
-        Every step ends `FAILURE_RESERVE` before the deadline, leaving time to record it."""
-        if self.kube is None:
-            return "no Kubernetes client configured"
-        try:
-            async with asyncio.timeout(self._bind_budget(deadline, FAILURE_RESERVE)):
-                try:
-                    await self.kube.create_binding(
-                        args.pod_namespace, args.pod_name, args.pod_uid, args.node
-                    )
-                    return None
-                except kube_io.Conflict as exc:
-                    if await self._bound_to(args) == args.node:
-                        return None  # a retried bind that already landed
-                    return str(exc)[:300]
-        except (TimeoutError, FilterError):
-            return f"binding pod {args.pod_namespace}/{args.pod_name} timed out"
-        except kube_io.KubeError as exc:
-            return str(exc)[:300]
-
-    async def _bound_to(self, args: BindingArgs) -> str | None:
-        """Where the pod is bound, read within the caller's (already bounded) scope."""
-        if self.kube is None:
-            return None
-        try:
-            body = await self.kube.get_pod(args.pod_namespace, args.pod_name)
-        except kube_io.KubeError:
-            return None
-        meta = body.get("metadata") or {}
-        if meta.get("uid") != args.pod_uid:
-            return None  # another pod under the same name: whatever binds it, not this bind
-        spec = body.get("spec") or {}
-        node = spec.get("nodeName")
-        return node if isinstance(node, str) else None
-
     async def _bind_failed(self, args: BindingArgs, deadline: Deadline) -> None:
         try:
             await self.accounting.ask(
@@ -811,4 +783,6 @@ def _phase_request(args: BindingArgs, phase: str) -> BindPhaseRequest:
         node=args.node,
         pod_namespace=args.pod_namespace,
         pod_name=args.pod_name,
+        # `allocating`: accounting's write of the reservation is the pod's Binding itself.
+        bind=phase == keys.PHASE_ALLOCATING,
     )

@@ -110,3 +110,56 @@ def test_deleting_the_pod_drops_its_hold() -> None:
     assert ledger.forget("u1") == {"node-1"}
     assert ledger.held == {} and used(ledger, "node-1") == 0
     assert ledger.quota.used.get("default", Usage()).mem == 0
+
+
+def _bound_by_binding(version: str) -> dict[str, Any]:
+    """The pod as accounting's Binding leaves it, at `version` (the Binding's guard)."""
+    obj = unbound(
+        version,
+        **{
+            keys.VGPU_NODE: "node-1",
+            keys.VGPU_TIME: "100",
+            keys.ALLOCATED: ONE,
+            keys.TO_ALLOCATE: ONE,
+            keys.BIND_PHASE: keys.PHASE_ALLOCATING,
+            keys.BIND_TIME: "101",
+        },
+    )
+    obj["spec"]["nodeName"] = "node-1"
+    return obj
+
+
+def test_a_binding_ends_the_hold_at_its_guard_and_the_version_before_stays_stale() -> None:
+    ledger = ledger_with_nodes()
+    ledger.hold(pod_from_object(unbound("5")), "node-1", ONE, 100, 130.0)
+    # The Binding's answer is a Status: the ledger takes the written content at the guard's
+    # resourceVersion (5), which `observe` alone would ignore as not newer.
+    ledger.observe_bound(pod_from_object(_bound_by_binding("5")))
+    assert "u1" not in ledger.held
+    tracked = ledger.tracked("u1")
+    assert tracked is not None
+    assert tracked.pod.node_name == "node-1"
+    assert tracked.pod.annotations[keys.BIND_PHASE] == keys.PHASE_ALLOCATING
+    assert used(ledger, "node-1") == 20000
+    # The watch delivering the pod as it was before the Binding (a lagging watch) changes
+    # nothing: the node stays locked for it and its GPU counted.
+    assert ledger.observe(pod_from_object(unbound("5"))) == set()
+    tracked = ledger.tracked("u1")
+    assert tracked is not None and tracked.pod.annotations[keys.BIND_PHASE] == "allocating"
+    # The Binding's own event (a newer resourceVersion) is applied as usual.
+    ledger.observe(pod_from_object(_bound_by_binding("8")))
+    tracked = ledger.tracked("u1")
+    assert tracked is not None and tracked.pod.resource_version == "8"
+
+
+def test_a_binding_the_watch_already_showed_is_not_applied_again() -> None:
+    ledger = ledger_with_nodes()
+    ledger.hold(pod_from_object(unbound("5")), "node-1", ONE, 100, 130.0)
+    later = _bound_by_binding("9")
+    later["metadata"]["annotations"][keys.BIND_PHASE] = keys.PHASE_SUCCESS
+    ledger.observe(pod_from_object(later))  # the watch was faster, and the pod moved on
+    assert ledger.observe_bound(pod_from_object(_bound_by_binding("5"))) == set()
+    tracked = ledger.tracked("u1")
+    assert tracked is not None
+    assert tracked.pod.resource_version == "9"
+    assert tracked.pod.annotations[keys.BIND_PHASE] == keys.PHASE_SUCCESS

@@ -91,7 +91,7 @@ def _usage_is(s: Stack, node_name: str, mib: int) -> bool:
     )
 
 
-async def test_the_bind_writes_the_whole_reservation_in_one_patch(
+async def test_the_bind_writes_the_whole_reservation_with_the_binding(
     nats_url: str, tmp_path: Path
 ) -> None:
     async with stack(nats_url, tmp_path, two_nodes()) as s:
@@ -108,9 +108,10 @@ async def test_the_bind_writes_the_whole_reservation_in_one_patch(
         assert annotations[keys.BIND_PHASE] == keys.PHASE_ALLOCATING
         assert annotations[keys.VGPU_TIME].isdigit() and annotations[keys.BIND_TIME].isdigit()
         assert bound["spec"]["nodeName"] == "node-1"
-        # Two writes since the filter: the guarded patch and the Binding (the emulator's
-        # resourceVersions count writes cluster-wide; nothing else wrote meanwhile).
-        assert int(bound["metadata"]["resourceVersion"]) - before == 2
+        # One write since the filter: the Binding, carrying the reservation, guarded by the
+        # pod's resourceVersion (the emulator's resourceVersions count writes cluster-wide;
+        # nothing else wrote meanwhile).
+        assert int(bound["metadata"]["resourceVersion"]) - before == 1
         assert s.h.accounting is not None
         registry = s.h.accounting.metrics.registry
         assert sample(registry, "numafit_accounting_held_reservations") == 0
@@ -162,3 +163,56 @@ async def bind_answer(s: Stack, created: dict[str, Any], node_name: str) -> tupl
     meta = created["metadata"]
     args = {"PodName": meta["name"], "PodNamespace": "ml", "PodUID": meta["uid"]}
     return await s.post("/bind", {**args, "Node": node_name})
+
+
+async def test_a_binding_whose_answer_is_late_is_fenced_and_never_lands(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Accounting's Binding (the reservation on it) is held at the API server past the write
+    budget: its outcome is unknown, so accounting fences it at the resourceVersion it was
+    guarded by before anything else happens on the node. The late Binding then fails its
+    precondition: the pod is not bound behind everyone's back, the node is not left locked for
+    it, and the next bind goes through."""
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        created = await s.h.create("pod", pending_pod("train"))
+        assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        late = s.h.emulator.faults.add(
+            method="POST",
+            path_regex=r"/namespaces/ml/pods/train/binding$",
+            delay_s=4.0,
+            times=1,
+            outlive_client=True,
+        )
+        meta = created["metadata"]
+        args = {"PodName": "train", "PodNamespace": "ml", "PodUID": meta["uid"], "Node": "node-1"}
+        status, body = await s.post("/bind", args)
+        assert status == 200 and body["Error"], body
+        assert late.hits == 1
+        # The held Binding is served once its delay is over: it must not land.
+        await wait_for(lambda: s.h.emulator.faults.in_flight == 0, within=10)
+        current = await s.h.pod("ml", "train")
+        assert not current["spec"].get("nodeName")
+        assert keys.WRITE_FENCE in current["metadata"]["annotations"]
+        assert keys.BIND_PHASE not in current["metadata"]["annotations"]
+        # Still held (kube-scheduler binds again after its backoff), and that bind lands.
+        assert (await s.reservation("ml", "train"))[keys.VGPU_NODE] == "node-1"
+        await s.bind(created, "node-1")
+        bound = await s.h.pod("ml", "train")
+        assert bound["spec"]["nodeName"] == "node-1"
+        assert bound["metadata"]["annotations"][keys.BIND_PHASE] == keys.PHASE_ALLOCATING
+
+
+async def test_a_bind_locks_the_node_in_the_ledger_at_once(nats_url: str, tmp_path: Path) -> None:
+    """The Binding's answer carries no pod: the ledger takes the written reservation from the
+    write itself, so the node's lock holds for the next bind whether or not the watch has
+    delivered the bound pod yet."""
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        first = await s.h.create("pod", pending_pod("first", mem=1000))
+        second = await s.h.create("pod", pending_pod("second", mem=1000))
+        for created in (first, second):
+            assert (await s.filter(created, ["node-1"]))["NodeNames"] == ["node-1"]
+        await s.bind(first, "node-1")
+        body = {"podUID": second["metadata"]["uid"], "phase": "allocating", "bind": True}
+        busy = await s.h.client.call("bind-phase", "node-1", body)
+        assert busy["code"] == "conflict" and "still allocating pod ml/first" in busy["error"]
+        assert not (await s.h.pod("ml", "second"))["spec"].get("nodeName")

@@ -175,8 +175,9 @@ async def test_bind_naming_one_pod_by_name_and_another_by_uid_touches_neither(
 
 
 class RecreatedDuringBinding:
-    """Wraps the extender's Kubernetes client: just before the Binding is sent, the pod is
-    deleted and another one created under its name, already bound to the node."""
+    """Wraps accounting's Kubernetes client (accounting sends the Binding, the reservation on
+    it): just before the Binding is sent, the pod is deleted and another one created under its
+    name, already bound to the node."""
 
     def __init__(self, s: Stack, real: Kube) -> None:
         self.s = s
@@ -186,14 +187,16 @@ class RecreatedDuringBinding:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+    async def create_binding(
+        self, namespace: str, name: str, uid: str, node_name: str, **guards: Any
+    ) -> None:
         if not self.replaced:
             self.replaced = True
             await self.real.delete_pod(namespace, name)
             twin = pending_pod(name, mem=1000)
             twin["spec"]["nodeName"] = node_name
             await self.s.h.create("pod", twin)
-        await self.real.create_binding(namespace, name, uid, node_name)
+        await self.real.create_binding(namespace, name, uid, node_name, **guards)
 
 
 async def test_bind_is_not_reported_done_for_a_pod_recreated_under_the_same_name(
@@ -202,16 +205,20 @@ async def test_bind_is_not_reported_done_for_a_pod_recreated_under_the_same_name
     async with stack(nats_url, tmp_path, two_nodes()) as s:
         created = await s.h.create("pod", pending_pod("train"))
         assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
-        kube = s.scheduler.extender.kube
-        assert kube is not None
-        wrapped = RecreatedDuringBinding(s, kube)
-        s.scheduler.extender.kube = wrapped  # type: ignore[assignment]
+        assert s.h.accounting is not None
+        ops = s.h.accounting.ops
+        wrapped = RecreatedDuringBinding(s, ops.kube)
+        ops.kube = wrapped  # type: ignore[assignment]
         status, body = await s.post("/bind", bind_args("train", created["metadata"]["uid"]))
         assert wrapped.replaced
         assert status == 200
-        # The twin is bound to node-1 by someone else: that is no Binding of this pod.
+        # The twin is bound to node-1 by someone else: that is no Binding of this pod (the
+        # Binding's uid precondition fails), and nothing of the reservation is on the twin.
         assert body["Error"], body
-        assert counter(s, "numafit_scheduler_bind_total", result="binding_failed") == 1
+        assert counter(s, "numafit_scheduler_bind_total", result="ok") == 0
+        twin = await s.h.pod("ml", "train")
+        assert twin["metadata"]["uid"] != created["metadata"]["uid"]
+        assert not set(keys.SCHEDULER_OWNED) & set(twin["metadata"].get("annotations") or {})
 
 
 async def test_every_configured_scheduler_name_is_scheduled(nats_url: str, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from shared.core.nodes import usage_growth
 from shared.core.refit import (
     Event,
     RefitDecision,
-    RefitRequest,
+    RefitInput,
     check_request,
     decide_refit,
     refused,
@@ -113,7 +113,7 @@ def verify_reserve(timeout: float) -> float:
 class _Attempt:
     """What one request learned on its way (kept when its deadline cancels it)."""
 
-    request: RefitRequest
+    request: RefitInput
     deadline: Deadline
     reserve: float
     started: float = field(default_factory=time.monotonic)
@@ -143,7 +143,7 @@ class _Answer(NamedTuple):
     reply: RefitReply
     mode: str
     event_for: tuple[dict[str, str], Event] | None = None
-    logged: tuple[RefitRequest, RefitDecision] | None = None
+    logged: tuple[RefitInput, RefitDecision] | None = None
     settle: Callable[[], None] = lambda: None
     """The bookkeeping to settle once the reply is sent (`_Attempt.settle`)."""
 
@@ -390,9 +390,7 @@ class RefitService:
             if conflicts > MAX_CONFLICTS:
                 return _failed(Code.CONFLICT, f"the node kept changing ({conflicts} conflicts)")
 
-    def _decide_on(
-        self, request: RefitRequest, view: View, *, claims: bool = True
-    ) -> RefitDecision:
+    def _decide_on(self, request: RefitInput, view: View, *, claims: bool = True) -> RefitDecision:
         usage = view.usage
         if usage is not None and claims:
             held = self.read_model.claims(request.node_name, excluding=request.pod_uid)
@@ -522,7 +520,7 @@ class RefitService:
         self.metrics.uncertain.labels("not_landed" if checked else "unknown").inc()
         return _failed(code, message)
 
-    def _log(self, request: RefitRequest, decision: RefitDecision) -> None:
+    def _log(self, request: RefitInput, decision: RefitDecision) -> None:
         fields = {
             "pod": f"{request.pod_namespace}/{request.pod_name}",
             "node": request.node_name,
@@ -542,7 +540,7 @@ class RefitService:
         self.events.record(pod, event.type, event.reason, _cut(event.message))
 
 
-def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
+def _screen(request: RefitInput, token: str) -> RefitDecision | None:
     """Refuse what must not go further: names that could not be subjects (or API paths), and
     anything the core would echo unbounded. Empty fields are left to the core ("incomplete")."""
     if not subjects.valid_token(token):
@@ -585,7 +583,7 @@ def _screen(request: RefitRequest, token: str) -> RefitDecision | None:
     return None
 
 
-def _holds(entry: TrackedPod | None, request: RefitRequest, decision: RefitDecision) -> bool:
+def _holds(entry: TrackedPod | None, request: RefitInput, decision: RefitDecision) -> bool:
     """Does the pod's entry hold what the decision would have written?"""
     assert decision.annotations is not None
     return (

@@ -8,14 +8,17 @@ message and the field: `refit request: Expected `int`, got `str` - at `$.contain
 | struct | subject |
 |---|---|
 | `RefitRequest` / `RefitReply` | `numafit.refit.v1.<node>` |
-| `ReserveRequest` / `ReserveReply` | `numafit.accounting.v1.reserve.<node>` |
-| `BindPhaseRequest` / `BindPhaseReply` | `numafit.accounting.v1.bind-phase.<node>` |
-| `MoveRequest` / `MoveReply` | `numafit.accounting.v1.move.<node>` |
-| `ConsumeRequest` / `ConsumeReply` | `numafit.accounting.v1.consume.<node>` |
-| `PendingRequest` / `PendingReply` | `numafit.accounting.v1.pending.<node>` |
-| `SnapshotRequest` / `SnapshotReply` | `numafit.accounting.v1.snapshot.<node>` (or `._all`) |
-| `RegisterRequest` / `RegisterReply` | `numafit.accounting.v1.register.<node>` |
+| `ReserveRequest` / `ReserveReply` | `numafit.accounting.v1.reserve.<slot>.<node>` |
+| `BindPhaseRequest` / `BindPhaseReply` | `numafit.accounting.v1.bind-phase.<slot>.<node>` |
+| `MoveRequest` / `MoveReply` | `numafit.accounting.v1.move.<slot>.<node>` |
+| `ConsumeRequest` / `ConsumeReply` | `numafit.accounting.v1.consume.<slot>.<node>` |
+| `PendingRequest` / `PendingReply` | `numafit.accounting.v1.pending.<slot>.<node>` |
+| `SnapshotRequest` / `SnapshotReply` | `numafit.accounting.v1.snapshot.<slot>.<node or _all>` |
+| `RegisterRequest` / `RegisterReply` | `numafit.accounting.v1.register.<slot>.<node>` |
 | `UsageUpdate` | `numafit.usage.v1.<node>` (published) |
+
+`<slot>` is the node's slot (shared/subjects.py builds every subject), which routes a request to
+the accounting replica owning the node's partition.
 
 Shapes nested in them (`NodeStateWire`, `TrackedPodWire` and its mini pod, `QuotaWire`,
 `RegisterItem`, `UsageEntry`, `PendingPod`) come with converters to and from the core's types
@@ -489,7 +492,7 @@ class PendingPod(Shape, frozen=True, kw_only=True):
 
 
 class AccountingRequest(Message, frozen=True, kw_only=True):
-    """A request on `numafit.accounting.v1.<op>.<node>`: each names its `node` (the snapshot
+    """A request on `numafit.accounting.v1.<op>.<slot>.<node>`: each names its `node` (the snapshot
     of every node excepted) and may carry `deadlineMs`, the caller's remaining budget, and
     `deadlineAtMs`, the same deadline as a Unix time in milliseconds. The absolute one is what
     fences a request that waited (in a paused process, a socket buffer, a takeover): accounting
@@ -587,20 +590,12 @@ class MoveRequest(AccountingRequest, frozen=True, kw_only=True):
     to_allocate: str
     allocated: str
     node: str
-    answer_to: str | None = None
-    """The reply subject of the refit request this move commits (the device plugin's inbox):
-    once the move has landed, accounting publishes `answer` there itself, so the requester
-    does not wait for the answer's way back through the refit. Given with `answer`."""
-    answer: msgspec.Raw = msgspec.Raw()
-    """The refit's reply for the landed move, exactly as the refit would send it."""
 
 
 class MoveReply(AccountingReply, frozen=True, kw_only=True):
     WHAT: ClassVar[str] = "move reply"
 
     pod_resource_version: str | None = None
-    answered: bool | None = None
-    """True when accounting published the request's `answer` to `answerTo`."""
     fit_reasons: dict[str, NonNegative] | None = None
     """On `no_fit` and `quota_exceeded`: HAMi's reason names with counts."""
 
@@ -662,8 +657,6 @@ class SnapshotRequest(AccountingRequest, frozen=True, kw_only=True):
     after: str | None = None
     limit: Positive | None = None
     node: str | None = None
-    replica: str | None = None
-    """On `_all` with partitioned accounting: only this replica answers (the next page)."""
 
 
 class SnapshotReply(AccountingReply, frozen=True, kw_only=True):
@@ -671,9 +664,10 @@ class SnapshotReply(AccountingReply, frozen=True, kw_only=True):
     every node with `more` and `next` (the `after` of the next page). `pod` is sent when a
     podUID was asked for: `null` when the pod is not tracked.
 
-    Partitioned accounting answers `_all` from every replica, each for the partitions it
-    serves: `replica` names it, `partitions` lists them, `partitionCount` is how many there
-    are (a reader has every node once the replies cover all of them)."""
+    Partitioned, `<slot>._all` is answered by the one replica serving that slot, for every
+    partition it serves: `replica` names it, `partitions` lists them, `partitionCount` is how
+    many there are (a reader asks the owner of each partition not covered yet, until all are:
+    shared/accounting_client.py)."""
 
     WHAT: ClassVar[str] = "snapshot reply"
 

@@ -245,21 +245,5 @@ def usage(node: str) -> str:
     return f"{USAGE_PREFIX}.{node_token(node)}"
 
 
-MAX_REPLY_SUBJECT: Final = 256
-"""Longest reply subject a message may name (nats-py inboxes are about 60 characters)."""
-_REPLY_TOKEN: Final = re.compile(r"[A-Za-z0-9_\-]+")
-
-
-def valid_reply_subject(subject: object) -> bool:
-    """Could `subject` be a requester's reply inbox (`_INBOX.<id>.<id>`, under any prefix)?
-    Plain tokens only: no wildcard, no whitespace, nothing of numafit's own subjects or the
-    server's (`$SYS`, `$JS`), so a message naming one can never address a service."""
-    if not isinstance(subject, str) or not 0 < len(subject) <= MAX_REPLY_SUBJECT:
-        return False
-    if subject.startswith(("numafit.", "$")):
-        return False
-    return all(_REPLY_TOKEN.fullmatch(token) for token in subject.split("."))
-
-
 def last_token(subject: str) -> str:
     return subject.rsplit(".", 1)[-1]

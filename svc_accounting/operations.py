@@ -103,8 +103,6 @@ SETTLE_WARN_AFTER = 5.0
 MAX_REAPPLY = 5
 """Re-reads after a 409 on consume or bind-phase, at most (the caller's deadline usually ends
 the loop first)."""
-MAX_ANSWER = 8192
-"""Largest refit answer accounting relays for a move (a refit reply is a few hundred bytes)."""
 MAX_ERROR_LENGTH = 300
 """Error texts in replies (and log lines) are cut to this many characters."""
 NO_WRITE_OPS = frozenset({"pending", "snapshot"})
@@ -175,10 +173,6 @@ class Refused(Exception):
         self.fit_reasons = fit_reasons
 
 
-class NotAddressed(Exception):
-    """Partitioned accounting: another replica answers this request (no reply from here)."""
-
-
 class ReadTooLate(Exception):
     """The request's deadline had passed before it was read: its caller gave up on it, and
     another replica may have answered it while this one was paused, so it gets no answer."""
@@ -191,25 +185,6 @@ class Unanswerable(Exception):
     the next owner's ledger, built from the API server, has what landed."""
 
 
-def _answer(r: MoveRequest) -> tuple[str, bytes] | None:
-    """The answer a move carries for the refit's requester, checked before anything is done:
-    a reply subject (never a service's subject) and a bounded JSON object, or neither."""
-    body = bytes(r.answer)
-    if r.answer_to is None and not body:
-        return None
-    if r.answer_to is None or not body:
-        raise Refused(Code.INVALID_REQUEST, "answerTo and answer come together")
-    if not subjects.valid_reply_subject(r.answer_to):
-        raise Refused(Code.INVALID_REQUEST, f"answerTo {shown(r.answer_to)} is not a reply subject")
-    if len(body) > MAX_ANSWER:
-        raise Refused(
-            Code.INVALID_REQUEST, f"answer of {len(body)} bytes exceeds {MAX_ANSWER} bytes"
-        )
-    if not body.startswith(b"{"):
-        raise Refused(Code.INVALID_REQUEST, "answer must be a JSON object")
-    return r.answer_to, body
-
-
 class _Stale(Exception):
     """409: the pod changed since the resourceVersion the write was based on."""
 
@@ -218,8 +193,6 @@ class _Stale(Exception):
 class Outcome:
     reply: AccountingReply
     changed: set[str]
-    answer: tuple[str, bytes] | None = None
-    """A landed move's answer for the refit's requester: (its reply subject, the body)."""
 
     @property
     def code(self) -> Code:
@@ -1015,7 +988,6 @@ class Operations:
     async def move(self, name: str, r: MoveRequest) -> Outcome:
         """The refit's commit: both annotation values, computed at `revision` (or, when the
         node moved on meanwhile, on the pod at `podResourceVersion`, unchanged since)."""
-        answer = _answer(r)
         node = self._known(name)
         uid, revision, pod_version = r.pod_uid, r.revision, r.pod_resource_version
         index = r.container_index
@@ -1077,7 +1049,7 @@ class Operations:
             tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
         )
         reply = MoveReply(**self._ok(node), pod_resource_version=written.resource_version)
-        return Outcome(reply, changed, answer)
+        return Outcome(reply, changed)
 
     async def consume(self, name: str, r: ConsumeRequest) -> Outcome:
         node = self._known(name)
@@ -1170,8 +1142,6 @@ class Operations:
             # Paged by node name: a whole cluster does not fit one NATS message (1 MiB).
             after = r.after or ""
             limit = min(r.limit or SNAPSHOT_PAGE, SNAPSHOT_PAGE_MAX)
-            if r.replica is not None and r.replica != self.replica:
-                raise NotAddressed(r.replica)
             names = sorted(n for n in self.ledger.nodes if n > after and self.serves(n))
             page = names[:limit]
             nodes = [self.ledger.nodes[n] for n in page]

@@ -40,9 +40,9 @@ from shared import bench_echo, bench_real, messages, subjects
 from shared.accounting_client import AccountingClient
 from shared.codes import Code
 from shared.core import codec, keys
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.model import DeviceInfo
 from shared.core.pods import pod_from_object
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.kube_emulator import KubeEmulator
 from shared.kube_emulator.faults import FaultRule, Faults
 from shared.nats_server import NatsServer

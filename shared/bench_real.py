@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from shared import messages
 from shared.accounting_client import AccountingClient
 from shared.core import codec, keys
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.nats_server import NatsServer
 from shared.realk8s import assets as realk8s_assets
 from shared.realk8s.plane import ControlPlane

@@ -44,11 +44,6 @@ from shared.accounting_client import REPLY_MARGIN, AccountingClient, AccountingU
 from shared.codes import SCHEDULER_RETRY, Code
 from shared.core import codec, keys
 from shared.core.accounting import TrackedPod, total
-from shared.core.admission import (
-    DEFAULT_SCHEDULER_NAME,
-    other_scheduler_message,
-    pod_scheduler_name,
-)
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.fit import RESOURCE_QUOTA_NOT_FIT, FitOptions, fit_options
@@ -66,6 +61,11 @@ from shared.core.nodes import (
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import QuotaLedger, QuotaProbe
 from shared.core.requests import ContainerRequest, pod_requests
+from shared.core.webhook_rules import (
+    DEFAULT_SCHEDULER_NAME,
+    other_scheduler_message,
+    pod_scheduler_name,
+)
 from shared.messages import (
     BindPhaseReply,
     BindPhaseRequest,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.core import admission
+from shared.core import webhook_rules
 from shared.service.counters import at_zero
 from svc_scheduler.topology import RESULTS as PREDICTION_RESULTS
 
@@ -21,13 +21,13 @@ BIND_RESULTS = (
     "lock_wait_timeout",
 )
 DENIALS = (
-    admission.OWNED_ANNOTATION,
-    admission.INVALID_NUMA_ALIGNMENT,
-    admission.INVALID_SCORING_WEIGHTS,
-    admission.INVALID_ANNOTATION,
-    admission.INVALID_REQUEST,
-    admission.QUOTA_EXCEEDED,
-    admission.INVALID_POD,
+    webhook_rules.OWNED_ANNOTATION,
+    webhook_rules.INVALID_NUMA_ALIGNMENT,
+    webhook_rules.INVALID_SCORING_WEIGHTS,
+    webhook_rules.INVALID_ANNOTATION,
+    webhook_rules.INVALID_REQUEST,
+    webhook_rules.QUOTA_EXCEEDED,
+    webhook_rules.INVALID_POD,
 )
 
 # Resolve 0.5 ms (a filter answered from the read model) .. 2 s (a filter that waited for
@@ -125,7 +125,7 @@ class SchedulerMetrics:
         at_zero(self.prioritize_total, ("ok", "error"))
         at_zero(self.bind_total, BIND_RESULTS)
         at_zero(self.snapshots, ("all", "node"))
-        at_zero(self.webhook_total, ("allowed", "mutated"), (admission.ALLOWED,))
+        at_zero(self.webhook_total, ("allowed", "mutated"), (webhook_rules.ALLOWED,))
         at_zero(self.webhook_total, ("denied",), DENIALS)
         self.nodes = Gauge(
             "numafit_scheduler_read_model_nodes",

@@ -34,7 +34,7 @@ from svc_scheduler.extender_wire import (
     parse_binding_args,
     parse_extender_args,
 )
-from svc_scheduler.webhook import PodAdmission, parse_review, review_response
+from svc_scheduler.webhook import PodWebhook, parse_review, review_response
 
 if TYPE_CHECKING:
     from shared.service.health import Readiness
@@ -56,7 +56,7 @@ class SchedulerHttp:
     def __init__(
         self,
         extender: Extender,
-        admission: PodAdmission,
+        admission: PodWebhook,
         *,
         readiness: Readiness,
         metrics: SchedulerMetrics,

@@ -15,8 +15,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from shared.accounting_client import AccountingClient
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.config import CoreConfig
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
@@ -28,7 +28,7 @@ from svc_scheduler.server import SchedulerHttp
 from svc_scheduler.settings import SchedulerOptions as SchedulerOptions  # re-exported
 from svc_scheduler.topology import TopologyState
 from svc_scheduler.topology_watch import TopologyWatch
-from svc_scheduler.webhook import PodAdmission, kube_quota_source, parse_scheduler_names
+from svc_scheduler.webhook import PodWebhook, kube_quota_source, parse_scheduler_names
 
 if TYPE_CHECKING:
     import ssl
@@ -115,7 +115,7 @@ class SchedulerService:
             scheduler_names=self.scheduler_names,
             kubelets=self.nodes.state,
         )
-        self.admission = PodAdmission(
+        self.admission = PodWebhook(
             config=self.config,
             scheduler_names=self.scheduler_names,
             quota_source=kube_quota_source(kube, self.config) if kube is not None else None,

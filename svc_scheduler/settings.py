@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
 from shared.core.config import CoreConfig
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.service.declare import group, listing, member, optional_text, setting, whole
 from shared.service.settings import gpu_scheduler_policy, node_scheduler_policy, port
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT

@@ -1,6 +1,6 @@
 """The admission webhook: AdmissionReview v1 in and out, decisions from the core.
 
-Every rule lives in `shared.core.admission`; this module adds what needs I/O (the namespace's
+Every rule lives in `shared.core.webhook_rules`; this module adds what needs I/O (the namespace's
 ResourceQuota limits, listed through the API server) and the wire shapes:
 
 - `/webhook` (a MutatingWebhookConfiguration): refusals, or `allowed` with a base64 JSONPatch
@@ -27,15 +27,15 @@ import orjson
 from msgspec import field
 
 from shared import subjects
-from shared.core.admission import (
-    DEFAULT_SCHEDULER_NAME,
-    AdmissionDecision,
-    asks_for_gpus,
-    review_pod_creation,
-)
 from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.quota import QuotaLimit, limits_from_quotas
+from shared.core.webhook_rules import (
+    DEFAULT_SCHEDULER_NAME,
+    WebhookDecision,
+    asks_for_gpus,
+    review_pod_creation,
+)
 from shared.service import kube_io
 from svc_scheduler.extender_wire import NonEmpty, Wire, decode
 from svc_scheduler.metrics import SchedulerMetrics
@@ -96,7 +96,7 @@ def parse_scheduler_names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-class PodAdmission:
+class PodWebhook:
     """Decides pod admissions; shared by the HTTP webhook and the emulator's hook."""
 
     def __init__(
@@ -113,9 +113,9 @@ class PodAdmission:
         self.quota_source = quota_source
         self.metrics = metrics or SchedulerMetrics()
 
-    async def decide(self, operation: str, namespace: str, pod: Any) -> AdmissionDecision:
+    async def decide(self, operation: str, namespace: str, pod: Any) -> WebhookDecision:
         if operation != "CREATE":
-            decision = AdmissionDecision(True)
+            decision = WebhookDecision(True)
         else:
             limit = None
             source = self.quota_source
@@ -134,7 +134,7 @@ class PodAdmission:
             log.info("pod refused", extra=fields)
         return decision
 
-    def _count(self, decision: AdmissionDecision) -> None:
+    def _count(self, decision: WebhookDecision) -> None:
         if not decision.allowed:
             self.metrics.webhook_total.labels("denied", decision.reason).inc()
         elif decision.patch:
@@ -189,7 +189,7 @@ def parse_review(data: bytes) -> Review:
     return decode(data, Review, any_case=False)
 
 
-def review_response(review: Review, decision: AdmissionDecision, *, mutate: bool) -> dict[str, Any]:
+def review_response(review: Review, decision: WebhookDecision, *, mutate: bool) -> dict[str, Any]:
     """The AdmissionReview answer; a patch only when `mutate` (mutating webhooks)."""
     response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
     if not decision.allowed:

@@ -1,6 +1,6 @@
 """Every pod-level value numafit reads, and the rule it must keep: one place for all of them.
 
-The admission webhook (`admission.review_pod_creation`) and the extender's filter read a pod
+The admission webhook (`webhook_rules.review_pod_creation`) and the extender's filter read a pod
 through the same two derivations, `requests.pod_requests` (its GPU resources) and
 `fit.fit_options` (its annotations), and both hold each value to the rule written here. So a
 value the webhook refuses is refused by the filter in the same words: a pod created while the

@@ -2,11 +2,11 @@
 
 A real API server calls svc_scheduler's `/webhook` over HTTPS on every pod creation; the
 emulator calls an AdmissionHook instead. This adapter runs the same decision (anything with
-svc_scheduler's `PodAdmission.decide`), refuses with the same message (AdmissionDenied carries
+svc_scheduler's `PodWebhook.decide`), refuses with the same message (AdmissionDenied carries
 it into the API's Status, as a webhook denial would) and applies the same JSON Patch, so
 `numafit simulate` and tests admit pods exactly as a cluster with the webhook installed would.
 
-The decider is taken by its shape (AdmissionDecider) so that the emulator imports no service.
+The decider is taken by its shape (WebhookDecider) so that the emulator imports no service.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .admission import AdmissionDenied, AdmissionHook, AdmissionRequest
 from .patching import json_patch
 
 if TYPE_CHECKING:
-    from shared.core.admission import AdmissionDecision
+    from shared.core.webhook_rules import WebhookDecision
 
     from .objects import JSONDict
 
@@ -31,14 +31,14 @@ cluster (seen on the real tier: an init container asking for a whole GPU runs th
 webhook elsewhere gives it gpucores)."""
 
 
-class AdmissionDecider(Protocol):
-    """What the hook needs of svc_scheduler's PodAdmission."""
+class WebhookDecider(Protocol):
+    """What the hook needs of svc_scheduler's PodWebhook."""
 
-    async def decide(self, operation: str, namespace: str, pod: Any) -> AdmissionDecision: ...
+    async def decide(self, operation: str, namespace: str, pod: Any) -> WebhookDecision: ...
 
 
 def emulator_admission_hook(
-    admission: AdmissionDecider,
+    admission: WebhookDecider,
     webhook: str = WEBHOOK_NAME,
     excluded_namespaces: frozenset[str] = EXCLUDED_NAMESPACES,
 ) -> AdmissionHook:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiException
 
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.local.defaults import StackError
 from shared.realk8s import assets
 from shared.realk8s.plane import ControlPlane, ControlPlaneError

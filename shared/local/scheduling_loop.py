@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.service import kube_io
 
 if TYPE_CHECKING:

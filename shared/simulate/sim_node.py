@@ -31,7 +31,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.accounting_client import AccountingClient, AccountingUnavailable
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.kubelet_emulator import (
     KubeletConfig,
     KubeletEmulator,

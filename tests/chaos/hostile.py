@@ -22,7 +22,7 @@ import orjson
 
 from shared import subjects
 from shared.accounting_client import AccountingUnavailable
-from shared.core.admission import DEFAULT_SCHEDULER_NAME
+from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.kube_emulator import KubeEmulator
 from shared.nats_server import NatsServer
 from shared.service import natsconn

@@ -17,7 +17,7 @@ from shared.kube_emulator import KubeEmulator
 from shared.service.health import Readiness
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import SchedulerHttp
-from svc_scheduler.webhook import PodAdmission
+from svc_scheduler.webhook import PodWebhook
 
 if TYPE_CHECKING:
     import pytest
@@ -48,7 +48,7 @@ async def test_the_extender_logs_the_address_it_listens_on(
     metrics = SchedulerMetrics()
     http = SchedulerHttp(
         None,  # type: ignore[arg-type]  # listening needs no extender
-        PodAdmission(metrics=metrics),
+        PodWebhook(metrics=metrics),
         readiness=Readiness(),
         metrics=metrics,
         host="0.0.0.0",

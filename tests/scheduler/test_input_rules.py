@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.core import admission as adm
 from shared.core import keys
-from shared.core.admission import review_pod_creation
+from shared.core import webhook_rules as rules
 from shared.core.config import CoreConfig
+from shared.core.webhook_rules import review_pod_creation
 from tests.builders import container
 from tests.scheduler.stack import pending_pod, stack, two_nodes
 
@@ -36,7 +36,7 @@ def gpu_pod(
     }
 
 
-def review(pod: dict[str, Any]) -> adm.AdmissionDecision:
+def review(pod: dict[str, Any]) -> rules.WebhookDecision:
     return review_pod_creation(
         pod, namespace="ml", config=CoreConfig(), scheduler_names=(NAME,), quota=None
     )

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from shared.core import keys
-from shared.core.admission import AdmissionDecision, review_pod_creation
 from shared.core.config import CoreConfig
+from shared.core.webhook_rules import WebhookDecision, review_pod_creation
 from shared.messages import ReserveReply, ReserveRequest
 from svc_scheduler.__main__ import build_parser, main, scheduler_names_from
 from svc_scheduler.webhook import parse_scheduler_names
@@ -233,7 +233,7 @@ async def test_every_configured_scheduler_name_is_scheduled(nats_url: str, tmp_p
         assert f"not one of numafit's ({NUMAFIT}, gpu-batch)" in result["Error"], result
 
 
-def admission_review(pod_obj: dict[str, Any], names: tuple[str, ...]) -> AdmissionDecision:
+def admission_review(pod_obj: dict[str, Any], names: tuple[str, ...]) -> WebhookDecision:
     return review_pod_creation(pod_obj, namespace="ml", config=CoreConfig(), scheduler_names=names)
 
 
@@ -242,7 +242,7 @@ def test_webhook_keeps_any_of_numafits_names_and_routes_the_default_to_the_first
     gpu_pod = pending_pod("train", scheduler=None)
     for already in names:
         gpu_pod["spec"]["schedulerName"] = already
-        assert admission_review(gpu_pod, names) == AdmissionDecision(True)
+        assert admission_review(gpu_pod, names) == WebhookDecision(True)
     for routed in (None, "default-scheduler"):
         if routed is None:
             gpu_pod["spec"].pop("schedulerName")
@@ -255,7 +255,7 @@ def test_webhook_keeps_any_of_numafits_names_and_routes_the_default_to_the_first
     # Another scheduler's pod is left to it, even with values numafit would refuse.
     gpu_pod["spec"]["schedulerName"] = "volcano"
     gpu_pod["metadata"]["annotations"] = {keys.NUMA_ALIGNMENT: "maybe"}
-    assert admission_review(gpu_pod, names) == AdmissionDecision(True)
+    assert admission_review(gpu_pod, names) == WebhookDecision(True)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from svc_scheduler.__main__ import main
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import SchedulerHttp, tls_context
 from svc_scheduler.service import SchedulerService
-from svc_scheduler.webhook import PodAdmission
+from svc_scheduler.webhook import PodWebhook
 from tests.integration.harness import Harness, wait_for
 from tests.scheduler.stack import pending_pod, stack, two_nodes
 
@@ -141,7 +141,7 @@ async def test_tls_listener_serves_the_webhook(self_signed: tuple[Path, Path]) -
     metrics = SchedulerMetrics()
     http = SchedulerHttp(
         None,  # type: ignore[arg-type]  # the webhook needs no extender
-        PodAdmission(metrics=metrics),
+        PodWebhook(metrics=metrics),
         readiness=Readiness(),
         metrics=metrics,
         host="127.0.0.1",

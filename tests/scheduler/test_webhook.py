@@ -20,7 +20,7 @@ from shared.kube_emulator.scheduler_webhook import (
     emulator_admission_hook,
 )
 from svc_scheduler.extender_wire import BadInput
-from svc_scheduler.webhook import PodAdmission, parse_review
+from svc_scheduler.webhook import PodWebhook, parse_review
 from tests.builders import container, quota
 from tests.raw_kube import raw
 from tests.scheduler.stack import Stack, pending_pod, stack, two_nodes
@@ -182,7 +182,7 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
 async def test_hook_without_quota_source_still_refuses_invalid_values() -> None:
     from shared.kube_emulator import AdmissionDenied, AdmissionRequest
 
-    hook = emulator_admission_hook(PodAdmission())
+    hook = emulator_admission_hook(PodWebhook())
     pod = pending_pod("w", annotations={keys.SCORING_WEIGHTS: "slot=1,slot=1,memory=1"})
     with pytest.raises(AdmissionDenied) as denied:
         await hook(AdmissionRequest("CREATE", "Pod", "ml", "w", pod))
@@ -195,7 +195,7 @@ async def test_the_hook_leaves_the_charts_excluded_namespaces_alone() -> None:
     to the webhook, so an invalid value there is not refused and nothing is patched."""
     from shared.kube_emulator import AdmissionDenied, AdmissionRequest
 
-    hook = emulator_admission_hook(PodAdmission())
+    hook = emulator_admission_hook(PodWebhook())
     bad = pending_pod("w", annotations={keys.SCORING_WEIGHTS: "slot=1,slot=1,memory=1"})
     assert await hook(AdmissionRequest("CREATE", "Pod", "kube-system", "w", bad)) is None
     with pytest.raises(AdmissionDenied):

@@ -1,4 +1,7 @@
-"""Admission of GPU pods (HAMi's webhook): what to refuse, and how to normalise what is admitted.
+"""The rules of numafit's pod webhook (HAMi's): what to refuse at creation, and how to normalise
+what is allowed. Pure; svc_scheduler/webhook.py serves them as a mutating webhook (and the API
+emulator calls them in process). Named for the webhook, not "admission": kubelet's admission of
+a pod to its node (the kubelet emulator) and the API server's admission chain are other things.
 
 Refusals, each naming the annotation or resource and the value at fault:
 - a scheduler-owned annotation (`hami.io/vgpu-node`, the allocation annotations, bind phase and
@@ -67,7 +70,7 @@ INVALID_POD = "invalid_pod"
 
 
 @dataclass(frozen=True, slots=True)
-class AdmissionDecision:
+class WebhookDecision:
     """Allowed (possibly with JSON Patch operations) or refused with a message and HTTP code."""
 
     allowed: bool
@@ -77,11 +80,11 @@ class AdmissionDecision:
     patch: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
 
-def _deny(reason: str, message: str, code: int = 400) -> AdmissionDecision:
-    return AdmissionDecision(False, reason, message, code)
+def _deny(reason: str, message: str, code: int = 400) -> WebhookDecision:
+    return WebhookDecision(False, reason, message, code)
 
 
-def admission_quota_usage(
+def pod_quota_need(
     kinds: Sequence[ContainerKind], requests: Sequence[ContainerRequest | None]
 ) -> Usage:
     """Reference e.5: the pod's phase-aware GPU need (MiB, core percent) for quota.
@@ -306,7 +309,7 @@ def review_pod_creation(
     config: CoreConfig,
     scheduler_names: tuple[str, ...],
     quota: QuotaLimit | None = None,
-) -> AdmissionDecision:
+) -> WebhookDecision:
     """Decide the creation of one Pod (its JSON object as the API server received it);
     `scheduler_names`: numafit's, the first the one given to GPU pods."""
     if not isinstance(pod, Mapping):
@@ -323,7 +326,7 @@ def review_pod_creation(
             403,
         )
     if not asks_for_gpus(pod, config) or uses_other_scheduler(pod, scheduler_names):
-        return AdmissionDecision(True)
+        return WebhookDecision(True)
     read = {key: _text(annotations[key]) for key in inputs.READ_ANNOTATIONS if key in annotations}
     try:
         # The very reading the filter does, so that both refuse the same values (inputs.py).
@@ -340,10 +343,10 @@ def review_pod_creation(
         requests = pod_requests(info, config)
     except RequestError as exc:
         return _deny(INVALID_REQUEST, f"GPU request can never be scheduled: {exc}")
-    refusal = quota_refusal(admission_quota_usage(info.kinds, requests), quota, namespace, config)
+    refusal = quota_refusal(pod_quota_need(info.kinds, requests), quota, namespace, config)
     if refusal is not None:
         return _deny(QUOTA_EXCEEDED, refusal, 403)
-    return AdmissionDecision(True, patch=tuple(ops))
+    return WebhookDecision(True, patch=tuple(ops))
 
 
 _ANNOTATION_REASONS = {

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from shared.core import admission as adm
 from shared.core import keys
-from shared.core.admission import admission_quota_usage, review_pod_creation
+from shared.core import webhook_rules as rules
 from shared.core.config import CoreConfig
 from shared.core.model import ContainerKind, Usage
 from shared.core.quota import QuotaLimit
 from shared.core.requests import ContainerRequest
+from shared.core.webhook_rules import pod_quota_need, review_pod_creation
 from shared.kube_emulator.patching import json_patch
 from tests.builders import container
 
@@ -48,7 +48,7 @@ def req(nums: int, mem: int, cores: int = 0) -> ContainerRequest:
 def test_admission_quota_need_is_phase_aware(
     kinds: list[ContainerKind], requests: list[ContainerRequest | None], expected: Usage
 ) -> None:
-    assert admission_quota_usage(kinds, requests) == expected
+    assert pod_quota_need(kinds, requests) == expected
 
 
 def gpu_pod(
@@ -71,13 +71,13 @@ def gpu_pod(
     }
 
 
-def review(pod: Any, quota: QuotaLimit | None = None, **config: Any) -> adm.AdmissionDecision:
+def review(pod: Any, quota: QuotaLimit | None = None, **config: Any) -> rules.WebhookDecision:
     return review_pod_creation(
         pod, namespace="ml", config=CoreConfig(**config), scheduler_names=(NAME,), quota=quota
     )
 
 
-def patched(pod: dict[str, Any], decision: adm.AdmissionDecision) -> dict[str, Any]:
+def patched(pod: dict[str, Any], decision: rules.WebhookDecision) -> dict[str, Any]:
     result: dict[str, Any] = json_patch(copy.deepcopy(pod), list(decision.patch))
     return result
 
@@ -85,18 +85,18 @@ def patched(pod: dict[str, Any], decision: adm.AdmissionDecision) -> dict[str, A
 @pytest.mark.parametrize(
     ("annotations", "reason", "fragment"),
     [
-        ({keys.NUMA_ALIGNMENT: "maybe"}, adm.INVALID_NUMA_ALIGNMENT, "'maybe'"),
-        ({keys.NUMA_ALIGNMENT: ""}, adm.INVALID_NUMA_ALIGNMENT, keys.NUMA_ALIGNMENT),
-        ({keys.NUMA_ALIGNMENT: "true"}, adm.INVALID_NUMA_ALIGNMENT, "'true'"),
-        ({keys.SCORING_WEIGHTS: "slot=1,core=1"}, adm.INVALID_SCORING_WEIGHTS, "slot=1,core=1"),
+        ({keys.NUMA_ALIGNMENT: "maybe"}, rules.INVALID_NUMA_ALIGNMENT, "'maybe'"),
+        ({keys.NUMA_ALIGNMENT: ""}, rules.INVALID_NUMA_ALIGNMENT, keys.NUMA_ALIGNMENT),
+        ({keys.NUMA_ALIGNMENT: "true"}, rules.INVALID_NUMA_ALIGNMENT, "'true'"),
+        ({keys.SCORING_WEIGHTS: "slot=1,core=1"}, rules.INVALID_SCORING_WEIGHTS, "slot=1,core=1"),
         (
             {keys.SCORING_WEIGHTS: "slot=0,core=0,memory=0"},
-            adm.INVALID_SCORING_WEIGHTS,
+            rules.INVALID_SCORING_WEIGHTS,
             keys.SCORING_WEIGHTS,
         ),
-        ({keys.VGPU_NODE: "node-1"}, adm.OWNED_ANNOTATION, keys.VGPU_NODE),
-        ({keys.ALLOCATED: "GPU-a,NVIDIA,1,1:;"}, adm.OWNED_ANNOTATION, keys.ALLOCATED),
-        ({keys.BIND_PHASE: "allocating"}, adm.OWNED_ANNOTATION, keys.BIND_PHASE),
+        ({keys.VGPU_NODE: "node-1"}, rules.OWNED_ANNOTATION, keys.VGPU_NODE),
+        ({keys.ALLOCATED: "GPU-a,NVIDIA,1,1:;"}, rules.OWNED_ANNOTATION, keys.ALLOCATED),
+        ({keys.BIND_PHASE: "allocating"}, rules.OWNED_ANNOTATION, keys.BIND_PHASE),
     ],
 )
 def test_refusals_name_the_annotation_and_value(
@@ -117,7 +117,11 @@ def test_valid_alignment_values_are_admitted(value: str) -> None:
 def test_owned_annotations_are_refused_on_any_pod() -> None:
     pod = gpu_pod(containers=[{"name": "web", "image": "x"}], annotations={keys.TO_ALLOCATE: ";"})
     decision = review(pod)
-    assert (decision.allowed, decision.reason, decision.code) == (False, adm.OWNED_ANNOTATION, 403)
+    assert (decision.allowed, decision.reason, decision.code) == (
+        False,
+        rules.OWNED_ANNOTATION,
+        403,
+    )
 
 
 def test_pods_without_gpus_pass_untouched() -> None:
@@ -125,12 +129,12 @@ def test_pods_without_gpus_pass_untouched() -> None:
         containers=[{"name": "web", "image": "x", "resources": {"limits": {"cpu": "1"}}}],
         annotations={keys.NUMA_ALIGNMENT: "maybe"},
     )
-    assert review(pod) == adm.AdmissionDecision(True)
+    assert review(pod) == rules.WebhookDecision(True)
 
 
 def test_pods_of_another_scheduler_pass_untouched() -> None:
     pod = gpu_pod(scheduler="volcano", annotations={keys.NUMA_ALIGNMENT: "maybe"})
-    assert review(pod) == adm.AdmissionDecision(True)
+    assert review(pod) == rules.WebhookDecision(True)
 
 
 def test_gpu_pod_gets_the_scheduler_name() -> None:
@@ -194,7 +198,7 @@ def test_privileged_containers_are_skipped() -> None:
     privileged = container("tool", 1)
     privileged["securityContext"] = {"privileged": True}
     pod = gpu_pod(containers=[privileged], annotations={keys.NUMA_ALIGNMENT: "maybe"})
-    assert review(pod) == adm.AdmissionDecision(True)
+    assert review(pod) == rules.WebhookDecision(True)
 
 
 def test_unschedulable_request_is_refused() -> None:
@@ -202,7 +206,7 @@ def test_unschedulable_request_is_refused() -> None:
     assert decision.allowed
     bad = gpu_pod(containers=[{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}])
     decision = review(bad)
-    assert (decision.allowed, decision.reason) == (False, adm.INVALID_REQUEST)
+    assert (decision.allowed, decision.reason) == (False, rules.INVALID_REQUEST)
     assert "1.5" in decision.message
 
 
@@ -224,7 +228,7 @@ def test_quota_refuses_pods_that_can_never_fit(limit: QuotaLimit | None, allowed
     decision = review(pod, quota=limit)
     assert decision.allowed is allowed
     if not allowed:
-        assert decision.reason == adm.QUOTA_EXCEEDED
+        assert decision.reason == rules.QUOTA_EXCEEDED
         assert decision.code == 403
         assert "namespace ml" in decision.message
 
@@ -241,4 +245,4 @@ def test_quota_counts_the_sidecar_beside_the_apps() -> None:
 
 def test_not_a_pod() -> None:
     decision = review(["not", "a", "pod"])
-    assert (decision.allowed, decision.reason) == (False, adm.INVALID_POD)
+    assert (decision.allowed, decision.reason) == (False, rules.INVALID_POD)

@@ -26,10 +26,6 @@ from shared.core.partitions import partition_of, partition_of_slot
 if TYPE_CHECKING:
     from svc_accounting.leases import Leases
 
-DEFAULT_TAKEOVER_WAIT = 1.0
-"""No longer used: requests are not kept for a takeover any more (none is delivered before the
-partition is served). Kept only while the settings still declare `takeover_wait`."""
-
 
 class Admission(enum.Enum):
     SERVE = "serve"

@@ -30,7 +30,6 @@ import nats.micro
 
 from shared import messages, subjects
 from shared.codes import Code
-from shared.core.config import CoreConfig
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
@@ -97,20 +96,7 @@ def spec(options: AccountingOptions | None = None) -> ServiceSpec[AccountingServ
         if kube is None:
             raise ValueError("accounting needs a Kubernetes client")
         return AccountingService(
-            nc,
-            kube,
-            config=chosen.config,
-            metrics=AccountingMetrics(registry),
-            readiness=readiness,
-            quota_resync_seconds=chosen.quota_resync_seconds,
-            write_timeout=chosen.write_timeout,
-            reservation_ttl=chosen.reservation_ttl,
-            event_timeout=chosen.event_timeout,
-            watch_timeout_seconds=chosen.watch_timeout_seconds,
-            partitions=chosen.partitions,
-            lease_ttl=chosen.lease_ttl,
-            lease_bucket=chosen.lease_bucket,
-            replica_id=chosen.replica_id,
+            nc, kube, chosen, metrics=AccountingMetrics(registry), readiness=readiness
         )
 
     return ServiceSpec(NAME, CONDITIONS, build)
@@ -121,76 +107,76 @@ class AccountingService:
         self,
         nc: Client,
         kube: Kube,
+        options: AccountingOptions,
         *,
-        config: CoreConfig | None = None,
         metrics: AccountingMetrics | None = None,
         readiness: Readiness | None = None,
-        # No defaults here: AccountingOptions (svc_accounting/settings.py) holds them, once.
-        quota_resync_seconds: float,
-        write_timeout: float,
-        reservation_ttl: float,
-        event_timeout: float,
-        watch_timeout_seconds: int,
-        partitions: int,
-        lease_ttl: float,
-        lease_bucket: str,
-        replica_id: str,
     ) -> None:
         self.nc = nc
         self.kube = kube
-        self.config = config or CoreConfig()
+        self.options = options
+        """Everything it is configured with (svc_accounting/settings.py)."""
+        self.config = options.config
         self.metrics = metrics or AccountingMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
         self.supervisor = Supervisor("accounting", on_fatal=self.readiness.fail)
         self.events = EventRecorder(
-            kube, self.supervisor, timeout=event_timeout, task_name="drift-event", logger=log
+            kube,
+            self.supervisor,
+            timeout=options.event_timeout,
+            task_name="drift-event",
+            logger=log,
         )
         self.ledger = Ledger()
         self.unbound = UnboundPods(self.config)
         self.ops = Operations(
             self.ledger,
             kube,
-            write_timeout=write_timeout,
-            reservation_ttl=reservation_ttl,
+            write_timeout=options.write_timeout,
+            reservation_ttl=options.reservation_ttl,
             on_drift=self._record_drift,
             unbound=self.unbound,
         )
-        self.quota_resync_seconds = quota_resync_seconds
+        self.quota_resync_seconds = options.quota_resync_seconds
         """ResourceQuotas are watched; the quota watch is renewed at least this often."""
-        self.watch_timeout_seconds = watch_timeout_seconds
+        self.watch_timeout_seconds = options.watch_timeout_seconds
         self._service: Service | None = None
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
-        self.replica = replica_id or default_replica_id()
+        self.replica = options.replica_id or default_replica_id()
         self._late_dropped = 0
         self._late_warned_at = -LATE_WARN_EVERY
         self._rebuilt_at: float | None = None
         """When the ledger was last listed whole (a takeover right after needs no relist)."""
         self.leases: Leases | None = None
-        if partitions:
+        if options.partitions:
             self.leases = Leases(
                 nc,
                 replica=self.replica,
-                partitions=partitions,
-                ttl=lease_ttl,
-                bucket=lease_bucket,
+                partitions=options.partitions,
+                ttl=options.lease_ttl,
+                bucket=options.lease_bucket,
                 on_acquired=self._take_over,
                 on_released=self._hand_over,
                 on_change=self._ownership_changed,
                 on_serving=self._subscribe,
                 on_unserving=self._unsubscribe,
             )
-            self.ledger.partition_count = partitions
-            self.metrics.partitions_total.set(partitions)
-            self.ops.intents = IntentLog(nc, bucket=lease_bucket, timeout=self.leases.kv_timeout)
+            self.ledger.partition_count = options.partitions
+            self.metrics.partitions_total.set(options.partitions)
+            self.ops.intents = IntentLog(
+                nc, bucket=options.lease_bucket, timeout=self.leases.kv_timeout
+            )
         self.ownership = Ownership(self.leases)
-        self.routes = Routes(nc, self._deliver, partitions=partitions, timeout=write_timeout)
+        self.routes = Routes(
+            nc, self._deliver, partitions=options.partitions, timeout=options.write_timeout
+        )
         """This replica's subscriptions: the slots of what it serves, nothing else."""
         self.ops.serves = self.ownership.serves
         self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
         self.ops.on_late = self.metrics.late_requests.inc
         self.ops.replica = self.replica
-        self.ops.served_partitions = self.ownership.served if partitions else None
+        self.ops.served_partitions = self.ownership.served if options.partitions else None
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from shared.core.config import CoreConfig
 from shared.service.declare import setting, whole
 from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL
 from svc_accounting.operations import DEFAULT_RESERVATION_TTL, DEFAULT_WRITE_TIMEOUT
-from svc_accounting.ownership import DEFAULT_TAKEOVER_WAIT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,4 +92,3 @@ class AccountingOptions:
     """Seconds the drift Event may take to record."""
     watch_timeout_seconds: int = 300
     """Seconds one watch request lasts before it is renewed (the API server's timeout)."""
-    takeover_wait: float = DEFAULT_TAKEOVER_WAIT

@@ -42,7 +42,8 @@ from svc_deviceplugin.discovery import (
 from svc_deviceplugin.inventory import Replica, register_devices, replicas
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.server import DevicePluginServicer, PluginServer
-from svc_deviceplugin.settings import PluginOptions as PluginOptions  # noqa: TC001 (re-exported)
+from svc_deviceplugin.settings import RECONCILE_INTERVAL
+from svc_deviceplugin.settings import PluginOptions as PluginOptions  # re-exported
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,7 +90,7 @@ class DevicePluginService:
         *,
         metrics: PluginMetrics | None = None,
         readiness: Readiness | None = None,
-        reconcile_interval: float = 30.0,
+        reconcile_interval: float = RECONCILE_INTERVAL,
     ) -> None:
         self.config = config
         self.nc = nc

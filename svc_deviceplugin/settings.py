@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from svc_deviceplugin.discovery import GpuBackend
 
 METRICS_PORT = 9104
+RECONCILE_INTERVAL = 30.0
+"""Seconds between two checks of which pods accounting still tracks (not a flag)."""
 OPERATING_MODES = ("hami-core", "mig")
 _HAMI_CORE = HamiCorePaths()
 
@@ -113,5 +115,5 @@ class PluginOptions:
     config: PluginConfig
     backend: GpuBackend
     """NVML, or simulated GPUs (`--topology`)."""
-    reconcile_interval: float = 30.0
+    reconcile_interval: float = RECONCILE_INTERVAL
     """Seconds between two checks of which pods accounting still tracks."""

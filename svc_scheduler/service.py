@@ -15,12 +15,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from shared.accounting_client import AccountingClient
-from shared.core.config import CoreConfig
-from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
-from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT, Extender
+from svc_scheduler.extender import Extender
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.node_watch import NodeKubelets, NodeWatch
 from svc_scheduler.read_model import ReadModel
@@ -31,8 +29,6 @@ from svc_scheduler.topology_watch import TopologyWatch
 from svc_scheduler.webhook import PodWebhook, kube_quota_source, parse_scheduler_names
 
 if TYPE_CHECKING:
-    import ssl
-
     from nats.aio.client import Client
     from prometheus_client import CollectorRegistry
 
@@ -54,16 +50,7 @@ def spec(options: SchedulerOptions | None = None) -> ServiceSpec[SchedulerServic
         nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
     ) -> SchedulerService:
         return SchedulerService(
-            nc,
-            kube,
-            config=chosen.config,
-            metrics=SchedulerMetrics(registry),
-            readiness=readiness,
-            scheduler_names=chosen.scheduler_names,
-            host=chosen.host,
-            port=chosen.port,
-            ssl_context=chosen.ssl_context,
-            request_timeout=chosen.request_timeout,
+            nc, kube, chosen, metrics=SchedulerMetrics(registry), readiness=readiness
         )
 
     return ServiceSpec(NAME, CONDITIONS, build)
@@ -74,18 +61,15 @@ class SchedulerService:
         self,
         nc: Client,
         kube: Kube | None,
+        options: SchedulerOptions,
         *,
-        config: CoreConfig | None = None,
         metrics: SchedulerMetrics | None = None,
         readiness: Readiness | None = None,
-        scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,),
-        host: str = "0.0.0.0",
-        port: int = 8888,
-        ssl_context: ssl.SSLContext | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
-        self.config = config or CoreConfig()
-        self.scheduler_names = parse_scheduler_names(scheduler_names)
+        self.options = options
+        """Everything it is configured with (svc_scheduler/settings.py)."""
+        self.config = options.config
+        self.scheduler_names = parse_scheduler_names(options.scheduler_names)
         self.metrics = metrics or SchedulerMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
         self.supervisor = Supervisor("scheduler", on_fatal=self.readiness.fail)
@@ -109,7 +93,7 @@ class SchedulerService:
             kube,
             config=self.config,
             metrics=self.metrics,
-            request_timeout=request_timeout,
+            request_timeout=options.request_timeout,
             supervisor=self.supervisor,
             topology=self.topology.state,
             scheduler_names=self.scheduler_names,
@@ -126,9 +110,9 @@ class SchedulerService:
             self.admission,
             readiness=self.readiness,
             metrics=self.metrics,
-            host=host,
-            port=port,
-            ssl_context=ssl_context,
+            host=options.host,
+            port=options.port,
+            ssl_context=options.ssl_context,
             supervisor=self.supervisor,
         )
 

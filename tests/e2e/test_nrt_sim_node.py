@@ -23,6 +23,7 @@ from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
 from svc_scheduler.service import SchedulerService
+from svc_scheduler.settings import SchedulerOptions
 from tests.integration.harness import harness
 from tests.integration.processes import free_port
 from tests.metrics import sample
@@ -60,8 +61,7 @@ async def test_sim_node_logs_real_refits_and_publishes_node_resource_topology(
             scheduler = SchedulerService(
                 (await natsconn.connect(nats_url, "scheduler")).client,
                 kube,
-                host="127.0.0.1",
-                port=0,
+                SchedulerOptions(host="127.0.0.1", port=0),
             )
             await scheduler.start()
             plugin_nc = (await natsconn.connect(nats_url, "plugin")).client

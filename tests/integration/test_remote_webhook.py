@@ -9,6 +9,7 @@ import pytest
 from shared.kube_emulator.remote_webhook import remote_webhook
 from shared.service import kube_io
 from svc_scheduler.service import SchedulerService
+from svc_scheduler.settings import SchedulerOptions
 from tests.builders import container, pod
 from tests.integration.harness import harness
 from tests.integration.test_refit_over_nats import for_create
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
 async def test_pods_are_admitted_through_the_http_webhook(nats_url: str, tmp_path: Path) -> None:
     async with harness(nats_url, tmp_path, []) as h:
         scheduler = SchedulerService(
-            await h._nats("scheduler"), await h._kube("scheduler"), host="127.0.0.1", port=0
+            await h._nats("scheduler"),
+            await h._kube("scheduler"),
+            SchedulerOptions(host="127.0.0.1", port=0),
         )
         await scheduler.start()
         try:

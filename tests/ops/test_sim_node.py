@@ -14,6 +14,7 @@ from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
 from svc_scheduler.service import SchedulerService
+from svc_scheduler.settings import SchedulerOptions
 from tests.integration.harness import harness
 from tests.integration.processes import free_port
 from tests.metrics import sample
@@ -45,8 +46,7 @@ async def test_sim_node_places_pods_through_the_real_services(
             scheduler = SchedulerService(
                 (await natsconn.connect(nats_url, "scheduler")).client,
                 await h._kube("s"),
-                host="127.0.0.1",
-                port=0,
+                SchedulerOptions(host="127.0.0.1", port=0),
             )
             await scheduler.start()
             plugin_nc = (await natsconn.connect(nats_url, "plugin")).client

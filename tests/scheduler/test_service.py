@@ -18,6 +18,7 @@ from svc_scheduler.__main__ import main
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import SchedulerHttp, tls_context
 from svc_scheduler.service import SchedulerService
+from svc_scheduler.settings import SchedulerOptions
 from svc_scheduler.webhook import PodWebhook
 from tests.integration.harness import Harness, wait_for
 from tests.scheduler.stack import pending_pod, stack, two_nodes
@@ -62,7 +63,8 @@ def test_bad_tls_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 async def test_ready_only_after_the_first_snapshot(nats_url: str, tmp_path: Path) -> None:
     async with KubeEmulator() as emulator:
         h = Harness(emulator, emulator.write_kubeconfig(tmp_path / "kubeconfig"), nats_url)
-        scheduler = SchedulerService(await h._nats("scheduler"), None, host="127.0.0.1", port=0)
+        local = SchedulerOptions(host="127.0.0.1", port=0)
+        scheduler = SchedulerService(await h._nats("scheduler"), None, local)
         try:
             await scheduler.start()
             assert not scheduler.readiness.ready

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
 from shared.service.declare import setting, whole
+from shared.service.events import TIMEOUT as EVENT_TIMEOUT
 from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL
 from svc_accounting.operations import DEFAULT_RESERVATION_TTL, DEFAULT_WRITE_TIMEOUT
 
@@ -31,8 +32,6 @@ SECTIONS = {
         "hands its partitions over at once."
     )
 }
-EVENT_TIMEOUT = 2.0
-"""Longest the drift Event may take to record (it is informational: never worth waiting on)."""
 
 
 def check_replica_id(text: str) -> str:
@@ -89,6 +88,6 @@ class AccountingOptions:
         section=REPLICAS,
     )
     event_timeout: float = EVENT_TIMEOUT
-    """Seconds the drift Event may take to record."""
+    """Seconds the drift Event may take to record (informational: never worth waiting on)."""
     watch_timeout_seconds: int = 300
     """Seconds one watch request lasts before it is renewed (the API server's timeout)."""

@@ -30,7 +30,6 @@ from shared import codes, messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import codec, keys
-from shared.core.config import CoreConfig
 from shared.core.nodes import usage_growth
 from shared.core.refit import (
     Event,
@@ -155,9 +154,7 @@ def spec(options: RefitOptions | None = None) -> ServiceSpec[RefitService]:
     def build(
         nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
     ) -> RefitService:
-        return RefitService(
-            nc, kube, config=chosen.config, metrics=RefitMetrics(registry), readiness=readiness
-        )
+        return RefitService(nc, kube, chosen, metrics=RefitMetrics(registry), readiness=readiness)
 
     return ServiceSpec(NAME, CONDITIONS, build)
 
@@ -167,14 +164,16 @@ class RefitService:
         self,
         nc: Client,
         kube: Kube | None,
+        options: RefitOptions,
         *,
-        config: CoreConfig | None = None,
         metrics: RefitMetrics | None = None,
         readiness: Readiness | None = None,
     ) -> None:
         self.nc = nc
         self.kube = kube
-        self.config = config or CoreConfig()
+        self.options = options
+        """Everything it is configured with (svc_refit/settings.py)."""
+        self.config = options.config
         self.metrics = metrics or RefitMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
         self.accounting = AccountingClient(nc)

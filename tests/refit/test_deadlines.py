@@ -38,6 +38,7 @@ from shared.messages import (
 )
 from shared.service import natsconn
 from svc_refit.service import RefitService
+from svc_refit.settings import RefitOptions
 from tests.integration.harness import harness, wait_for
 from tests.metrics import sample
 from tests.refit.helpers import WORKED, request_for, worked_objects
@@ -169,7 +170,7 @@ async def test_accounting_must_answer_a_move_well_before_the_refit_stops_waiting
         client(nats_url) as nc,
         client(nats_url) as refit_nc,
     ):
-        refit = RefitService(refit_nc, None)
+        refit = RefitService(refit_nc, None, RefitOptions())
         await refit.start()
         await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:
@@ -194,7 +195,7 @@ async def test_a_silent_accounting_is_answered_within_the_budget(nats_url: str) 
         client(nats_url) as nc,
         client(nats_url) as refit_nc,
     ):
-        refit = RefitService(refit_nc, None)
+        refit = RefitService(refit_nc, None, RefitOptions())
         await refit.start()
         await nc.flush()  # the requester sees the refit's fresh subscription (no 503 race)
         try:

@@ -5,8 +5,12 @@
   concurrent requests (64 nodes, one requester each, as 64 device plugins would), beside its
   floor: a bare nats-py request-reply echo on the same broker, its responder in a process of
   its own (`shared/bench_echo.py`), and a bare resourceVersion-guarded PATCH on the same API
-  server; `refit_over_floor_ms` is the refit's p50 less theirs. For comparison, the echo with
-  its responder in the bench's own process (no second process to wake);
+  server; `refit_over_floor_ms` is the refit's p50 less theirs. Beside it the floor of the
+  same chain without numafit's work: a bare forwarder (in the refit's place) asking a bare
+  patcher (in accounting's place) that sends one guarded PATCH, each in a process of its own
+  (`shared/bench_echo.py`); `refit_over_chain_ms` is the refit's p50 less the chain's, what
+  numafit's own work costs. For comparison, the echo with its responder in the bench's own
+  process (no second process to wake);
 - scheduling throughput: pods bound per second through the extender's `/filter` then `/bind`
   over HTTP, one pod at a time as kube-scheduler does, on 20 nodes of 8 GPUs (1 GPU, 1000 MiB
   pods), the device plugin side consuming each pod (accounting's `consume` over NATS, as at
@@ -146,6 +150,8 @@ class ControlPlane(NamedTuple):
     nc: Client
     scheduler_url: str
     """The scheduler extender's URL ("" when no scheduler runs)."""
+    kubeconfig: Path
+    """The API server's (the chain floor's patcher uses it)."""
 
 
 @contextlib.asynccontextmanager
@@ -192,7 +198,7 @@ async def _control_plane(
                     await started[-1].wait_ready()
                 url = f"http://127.0.0.1:{listen}" if scheduler else ""
                 nc = (await wiring.nats("bench-client")).client
-                yield ControlPlane(server.url, admin, nc, url)
+                yield ControlPlane(server.url, admin, nc, url, kubeconfig)
             finally:
                 for service in reversed(started):
                     await service.stop()
@@ -250,10 +256,13 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
     objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
     objects += [("pod", _pod(f"pod-{n}", n, f"GPU-{n}-0")) for n in names]
     objects += [("pod", _plain_pod(f"floor-{n}")) for n in names]
+    objects += [("pod", _plain_pod(f"chain-{n}")) for n in names]
     progress(f"round trips: {concurrency} nodes, {requests} requests per series")
     async with (
         _control_plane(objects, refit=True, scheduler=False, progress=progress) as plane,
-        _floor_echo(plane.nats_url) as echo_process,
+        _responder(plane.nats_url) as echo_process,
+        _responder(plane.nats_url, "--patcher", "--kubeconfig", str(plane.kubeconfig)),
+        _responder(plane.nats_url, "--forwarder"),
     ):
         admin, nc = plane.admin, plane.nc
         uids = {}
@@ -315,6 +324,8 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                         if kind in ("echo", "echo_same_process"):
                             subject = echo_process if kind == "echo" else SAME_PROCESS_ECHO
                             payload = b"x" * 300
+                        elif kind == "chain":
+                            subject, payload = bench_echo.CHAIN, f"bench/chain-{node}".encode()
                         else:
                             subject, payload = subjects.refit(node), refit_body(node)
                         start = time.perf_counter()
@@ -322,6 +333,8 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                         samples.append(time.perf_counter() - start)
                         if kind == "refit" and orjson.loads(msg.data)["code"] != "moved":
                             raise RuntimeError(f"refit did not move: {msg.data!r}")
+                        if kind == "chain" and msg.data.startswith(b"error"):
+                            raise RuntimeError(f"the chain floor's patch failed: {msg.data!r}")
 
                 started = time.perf_counter()
                 await asyncio.gather(*(worker(n) for n in names[:workers]))
@@ -338,7 +351,7 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                         spent[kind] += await series(kind, workers, batch, samples[kind])
                 return {kind: summarize(samples[kind], spent[kind]) for kind in kinds}
 
-            kinds = ("echo", "patch", "refit", "echo_same_process")
+            kinds = ("echo", "patch", "chain", "refit", "echo_same_process")
             for kind in kinds:
                 await series(kind, 1, max(requests // 10, 5), [])
             single = await interleaved(1, requests)
@@ -358,6 +371,10 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
                 )
                 for name, value in result["refit"].items()
             }
+            result["refit_over_chain_ms"] = {
+                name: round(value["p50_ms"] - result["chain"][name]["p50_ms"], 3)
+                for name, value in result["refit"].items()
+            }
             return result
         finally:
             await responder.close()
@@ -371,15 +388,17 @@ ECHO_START_TIMEOUT = 30.0
 
 
 @contextlib.asynccontextmanager
-async def _floor_echo(nats_url: str) -> AsyncIterator[str]:
-    """A bare nats-py responder in a process of its own (`shared/bench_echo.py`), as refit
-    is to the device plugin; yields the subject it answers."""
+async def _responder(nats_url: str, *role: str) -> AsyncIterator[str]:
+    """A bare nats-py responder in a process of its own (`shared/bench_echo.py`: the echo, or
+    with `role` the chain's patcher or forwarder), as refit is to the device plugin; yields
+    the echo's subject."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "shared.bench_echo",
         "--nats-url",
         nats_url,
+        *role,
         stdout=asyncio.subprocess.PIPE,
     )
     try:
@@ -387,7 +406,7 @@ async def _floor_echo(nats_url: str) -> AsyncIterator[str]:
         async with asyncio.timeout(ECHO_START_TIMEOUT):
             line = await process.stdout.readline()
         if line.strip() != b"ready":
-            raise RuntimeError(f"the echo's responder process did not start: {line!r}")
+            raise RuntimeError(f"the bench responder {role} did not start: {line!r}")
         yield bench_echo.SUBJECT
     finally:
         if process.returncode is None:
@@ -619,6 +638,7 @@ def render_emulated(figures: dict[str, Any]) -> list[str]:
     rows = (
         ("echo", "bare nats-py echo"),
         ("patch", "bare guarded PATCH"),
+        ("chain", "bare chain floor"),
         ("refit", "refit (moved)"),
         ("echo_same_process", "echo, 1 process"),
     )
@@ -637,6 +657,12 @@ def render_emulated(figures: dict[str, Any]) -> list[str]:
         f"{name} {value:.3f} ms" for name, value in trips["refit_over_floor_ms"].items()
     )
     lines.append(f"  refit p50 over its floor (echo + PATCH, each end its own process): {over}")
+    chain = ", ".join(
+        f"{name} {value:.3f} ms" for name, value in trips["refit_over_chain_ms"].items()
+    )
+    lines.append(
+        f"  refit p50 over the chain floor (forwarder + patcher, no numafit work): {chain}"
+    )
     sched = figures["scheduling"]
     lines.append("")
     lines.append(

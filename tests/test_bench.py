@@ -34,7 +34,7 @@ def test_quick_bench_reports_every_figure() -> None:
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     trips = figures["round_trip"]
-    for kind in ("echo", "patch", "refit", "echo_same_process"):
+    for kind in ("echo", "patch", "chain", "refit", "echo_same_process"):
         series = trips[kind]
         assert set(series) == {"concurrency_1", "concurrency_8"}
         for value in series.values():
@@ -48,6 +48,12 @@ def test_quick_bench_reports_every_figure() -> None:
     for name, value in over.items():
         floor = trips["echo"][name]["p50_ms"] + trips["patch"][name]["p50_ms"]
         assert abs(value - (trips["refit"][name]["p50_ms"] - floor)) < 0.002
+    # And from the chain floor: the same hops and PATCH, without numafit's work.
+    over_chain = trips["refit_over_chain_ms"]
+    assert set(over_chain) == {"concurrency_1", "concurrency_8"}
+    for name, value in over_chain.items():
+        chain = trips["chain"][name]["p50_ms"]
+        assert abs(value - (trips["refit"][name]["p50_ms"] - chain)) < 0.002
     scheduling = figures["scheduling"]
     assert scheduling["pods"] > 0 and scheduling["nodes"] == 20
     assert isinstance(scheduling["pods_per_s"], float) and scheduling["pods_per_s"] > 0

@@ -34,7 +34,6 @@ from shared.subjects import shown
 from svc_deviceplugin.allocator import Allocator
 from svc_deviceplugin.discovery import (
     DiscoveryError,
-    GpuBackend,
     GpuInfo,
     HealthEvent,
     HealthWatch,
@@ -42,8 +41,7 @@ from svc_deviceplugin.discovery import (
 from svc_deviceplugin.inventory import Replica, register_devices, replicas
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.server import DevicePluginServicer, PluginServer
-from svc_deviceplugin.settings import RECONCILE_INTERVAL
-from svc_deviceplugin.settings import PluginOptions as PluginOptions  # re-exported
+from svc_deviceplugin.settings import PluginOptions as PluginOptions  # noqa: TC001 (re-exported)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,7 +50,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from shared.service.kube_io import Kube
-    from svc_deviceplugin.config import PluginConfig
 
 log = logging.getLogger("numafit.deviceplugin")
 
@@ -70,12 +67,7 @@ def spec(options: PluginOptions) -> ServiceSpec[DevicePluginService]:
         nc: Client, kube: Kube | None, registry: CollectorRegistry, readiness: Readiness
     ) -> DevicePluginService:
         return DevicePluginService(
-            options.config,
-            nc,
-            options.backend,
-            metrics=PluginMetrics(registry),
-            readiness=readiness,
-            reconcile_interval=options.reconcile_interval,
+            nc, options, metrics=PluginMetrics(registry), readiness=readiness
         )
 
     return ServiceSpec(NAME, CONDITIONS, build, use_kube=False)
@@ -84,30 +76,30 @@ def spec(options: PluginOptions) -> ServiceSpec[DevicePluginService]:
 class DevicePluginService:
     def __init__(
         self,
-        config: PluginConfig,
         nc: Client,
-        backend: GpuBackend,
+        options: PluginOptions,
         *,
         metrics: PluginMetrics | None = None,
         readiness: Readiness | None = None,
-        reconcile_interval: float = RECONCILE_INTERVAL,
     ) -> None:
-        self.config = config
+        self.options = options
+        """Everything it is configured with (svc_deviceplugin/settings.py)."""
+        self.config = options.config
         self.nc = nc
-        self.backend = backend
+        self.backend = options.backend
         self.metrics = metrics or PluginMetrics()
         self.readiness = readiness or Readiness(*CONDITIONS)
-        self.reconcile_interval = reconcile_interval
+        self.reconcile_interval = options.reconcile_interval
         self.supervisor = Supervisor("deviceplugin", on_fatal=self.readiness.fail)
-        self.gpus: list[GpuInfo] = backend.list_gpus()
+        self.gpus: list[GpuInfo] = self.backend.list_gpus()
         self.unhealthy: dict[str, str] = {}
         """GPUs marked unhealthy by a health event: uuid -> what was seen."""
         self.allocator = Allocator(
-            config, nc, self.metrics, frozenset(g.uuid for g in self.gpus), self.supervisor
+            self.config, nc, self.metrics, frozenset(g.uuid for g in self.gpus), self.supervisor
         )
         self.servicer = DevicePluginServicer(self.allocator, self.replicas)
-        self.server = PluginServer(config, self.servicer, self.metrics)
-        self.accounting = AccountingClient(nc, config.accounting_timeout)
+        self.server = PluginServer(self.config, self.servicer, self.metrics)
+        self.accounting = AccountingClient(nc, self.config.accounting_timeout)
         self.inventory_registered = asyncio.Event()
         """Set once accounting has the current inventory (cleared while a change is unsent)."""
         self.health_watched = asyncio.Event()

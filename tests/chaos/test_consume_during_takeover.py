@@ -31,6 +31,7 @@ from shared.service import natsconn
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.settings import PluginOptions
 from tests.chaos.support import (
     ServiceProcess,
     allocated_by_uid,
@@ -128,14 +129,16 @@ async def test_pods_being_admitted_survive_an_accounting_takeover(
             )
         )
         plugin = DevicePluginService(
-            PluginConfig(
-                node="node-1",
-                directory=directory,
-                watch_interval=0.05,
-                state_dir=tmp_path / "plugin-state",
-            ),
             plugin_nc,
-            SimulatedBackend(DEFAULT_GPUS),
+            PluginOptions(
+                PluginConfig(
+                    node="node-1",
+                    directory=directory,
+                    watch_interval=0.05,
+                    state_dir=tmp_path / "plugin-state",
+                ),
+                SimulatedBackend(DEFAULT_GPUS),
+            ),
         )
         registry = plugin.metrics.registry
         answers: dict[str, dict[str, str]] = {}

@@ -32,6 +32,7 @@ from shared.service import natsconn
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.settings import PluginOptions
 from tests.deviceplugin.stack import DEFAULT_GPUS, RESOURCE, Stack, gpu_pod, node_stack
 from tests.integration.harness import wait_for
 from tests.metrics import sample
@@ -172,15 +173,17 @@ async def fake_node(
         )
     )
     plugin = DevicePluginService(
-        PluginConfig(
-            node=NODE,
-            directory=directory,
-            refit_timeout_ms=budget_ms,
-            watch_interval=0.05,
-            state_dir=state_dir,
-        ),
         plugin_nc,
-        SimulatedBackend(DEFAULT_GPUS),
+        PluginOptions(
+            PluginConfig(
+                node=NODE,
+                directory=directory,
+                refit_timeout_ms=budget_ms,
+                watch_interval=0.05,
+                state_dir=state_dir,
+            ),
+            SimulatedBackend(DEFAULT_GPUS),
+        ),
     )
     try:
         for op in subjects.ACCOUNTING_OPS:

@@ -18,6 +18,7 @@ from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import DiscoveryError, GpuInfo, SimulatedBackend
 from svc_deviceplugin.metrics import PluginMetrics
 from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.settings import PluginOptions
 from tests.deviceplugin.stack import DEFAULT_GPUS
 from tests.integration.harness import wait_for
 
@@ -45,9 +46,8 @@ async def test_a_dead_health_loop_fails_readiness(nats_url: str) -> None:
     nc = (await natsconn.connect(nats_url, "deviceplugin")).client
     readiness = Readiness("registered")
     plugin = DevicePluginService(
-        PluginConfig(node="broken-node", directory=directory),
         nc,
-        BrokenHealth(),
+        PluginOptions(PluginConfig(node="broken-node", directory=directory), BrokenHealth()),
         readiness=readiness,
     )
     try:
@@ -69,7 +69,7 @@ async def test_a_dead_loop_stops_the_service_with_a_failure(nats_url: str) -> No
 
     def factory(nc: Any, kube: Any, registry: Any, ready: Readiness) -> DevicePluginService:
         config = PluginConfig(node="broken-node", directory=directory)
-        return DevicePluginService(config, nc, BrokenHealth(), readiness=ready)
+        return DevicePluginService(nc, PluginOptions(config, BrokenHealth()), readiness=ready)
 
     with pytest.raises(ServiceFailed, match="background task health ended"):
         async with asyncio.timeout(15):
@@ -89,9 +89,8 @@ async def test_no_health_events_disables_health_checks_but_keeps_serving(nats_ur
     nc = (await natsconn.connect(nats_url, "deviceplugin")).client
     readiness = Readiness("registered")
     plugin = DevicePluginService(
-        PluginConfig(node="no-events-node", directory=directory),
         nc,
-        NoHealthEvents(),
+        PluginOptions(PluginConfig(node="no-events-node", directory=directory), NoHealthEvents()),
         readiness=readiness,
     )
     try:

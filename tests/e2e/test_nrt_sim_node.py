@@ -22,6 +22,7 @@ from shared.simulate.sim_node import build_parser, run
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService
+from svc_deviceplugin.settings import PluginOptions
 from svc_scheduler.service import SchedulerService
 from svc_scheduler.settings import SchedulerOptions
 from tests.integration.harness import harness
@@ -66,9 +67,11 @@ async def test_sim_node_logs_real_refits_and_publishes_node_resource_topology(
             await scheduler.start()
             plugin_nc = (await natsconn.connect(nats_url, "plugin")).client
             plugin = DevicePluginService(
-                PluginConfig(node="sim-node-1", directory=directory, watch_interval=0.05),
                 plugin_nc,
-                SimulatedBackend.from_file(TOPOLOGY),
+                PluginOptions(
+                    PluginConfig(node="sim-node-1", directory=directory, watch_interval=0.05),
+                    SimulatedBackend.from_file(TOPOLOGY),
+                ),
             )
             common = ["--node", "sim-node-1", "--dir", str(directory), "--topology", str(TOPOLOGY)]
             args = build_parser().parse_args(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
+from shared.core.partitions import SLOTS
 from shared.service.declare import setting, whole
 from shared.service.events import TIMEOUT as EVENT_TIMEOUT
 from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 METRICS_PORT = 9102
-MAX_PARTITIONS = 1024
+MAX_PARTITIONS = SLOTS
+"""Each partition holds at least one slot of the subjects (shared/core/partitions.py)."""
 REPLICA_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REPLICAS = "replicas"
 """The help section of the replica settings."""
@@ -65,8 +67,9 @@ class AccountingOptions:
     )
     partitions: int = setting(
         DEFAULT_PARTITIONS,
-        "partitions the nodes are spread over; every replica must use the same number. 0: a "
-        "single replica owns every node, without JetStream",
+        f"partitions the nodes are spread over, at most {SLOTS} (the slots of the subjects); every "
+        "replica must use the same number. 0: a single replica owns every node, without "
+        "JetStream",
         parse=partition_count,
         section=REPLICAS,
     )

@@ -19,10 +19,12 @@ INTRO = """\
 Every flag of `numafit run <service>` can be given as an environment variable instead:
 `NUMAFIT_` and the flag's name in capitals with `_` for `-` (`--write-timeout` is
 `NUMAFIT_WRITE_TIMEOUT`). A flag wins over its variable, the variable over the default; they
-are read once, at start. A bad value, flag or variable, is one line naming it and exit
-status 2. A switch's variable is true with `1`, `true`, `yes` or `on` (`0`, `false`, `no`,
-`off` or empty: off). A list's variable is comma-separated. Variables marked deprecated are
-older names, still read when the `NUMAFIT_` one is absent.
+are read once, at start. A bad variable is one line naming it, a bad flag argparse's usage and
+the error; both exit with status 2. A switch's variable is true with `1`, `true`, `yes` or `on`
+(`0`, `false`, `no`, `off` or empty: off; a switch has no flag that turns it off, so one its
+variable turns on stays on). A list's variable is comma-separated, and flags given replace it.
+Variables marked deprecated are older names, read when the `NUMAFIT_` one is absent. Commands
+are not settings and have no variable: `--help`, and the device plugin's `--inventory`.
 
 This page is generated from the settings' declarations (`svc_*/settings.py`,
 `shared/service/settings.py`): `python -m scripts.settings_reference` rewrites it, and a

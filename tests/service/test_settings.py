@@ -205,6 +205,17 @@ def test_accounting_partitions_are_the_same_in_the_cli_and_embedded() -> None:
     assert (chosen.partitions, chosen.write_timeout) == (0, 1.0)
 
 
+def test_accounting_partitions_stop_at_the_subjects_slots(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    made = accounting_parser("numafit run accounting", {})
+    assert made.parse_args(["--partitions", "256"]).partitions == 256
+    with pytest.raises(SystemExit) as exited:
+        made.parse_args(["--partitions", "257"])
+    assert exited.value.code == 2
+    assert "'257': must be between 0 and 256" in capsys.readouterr().err
+
+
 def test_every_common_setting_has_a_numafit_variable() -> None:
     for made in (
         accounting_parser("a", {}),

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from svc_accounting.ledger import NodeLedger
 
 OWNERSHIP_CHANGES = ("acquired", "released", "lost")
+WRITE_KINDS = ("patch", "binding")
+TIMING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Seconds: a request's steps take milliseconds when all is well, seconds when a node or the
+API server is the bottleneck."""
 
 INTERNAL_ERROR = "internal_error"
 """The `result` of an operation that failed inside accounting (answered `api_error`)."""
@@ -149,6 +153,32 @@ class AccountingMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.operation_seconds = Histogram(
+            "numafit_accounting_operation_duration_seconds",
+            "Time from a request's arrival to its answer, by operation.",
+            ["op"],
+            buckets=TIMING_BUCKETS,
+            registry=self.registry,
+        )
+        self.node_wait_seconds = Histogram(
+            "numafit_accounting_node_wait_duration_seconds",
+            "Time a request waited for its node (one operation that may write at a time per "
+            "node), by operation.",
+            ["op"],
+            buckets=TIMING_BUCKETS,
+            registry=self.registry,
+        )
+        self.write_seconds = Histogram(
+            "numafit_accounting_api_write_duration_seconds",
+            "Time of each answered write to the API server: patch (a guarded annotation "
+            "patch) or binding (a Binding carrying the reservation).",
+            ["kind"],
+            buckets=TIMING_BUCKETS,
+            registry=self.registry,
+        )
+        at_zero(self.operation_seconds, subjects.ACCOUNTING_OPS)
+        at_zero(self.node_wait_seconds, subjects.ACCOUNTING_OPS)
+        at_zero(self.write_seconds, WRITE_KINDS)
         self.late_requests = Counter(
             "numafit_accounting_late_requests",
             "Requests refused unserved because their deadline had passed when they were "
@@ -159,6 +189,16 @@ class AccountingMetrics:
         """The GPU label values set per node, so that they can be removed again."""
         self._children: dict[str, _NodeSeries] = {}
         """Each node's labelled series, looked up once."""
+
+    def timing(self, step: str, what: str, seconds: float) -> None:
+        """One step's duration (Operations.on_timing)."""
+        histogram = {
+            "operation": self.operation_seconds,
+            "node_wait": self.node_wait_seconds,
+            "write": self.write_seconds,
+        }.get(step)
+        if histogram is not None and (what in subjects.ACCOUNTING_OPS or what in WRITE_KINDS):
+            histogram.labels(what).observe(max(seconds, 0.0))
 
     def ownership_change(self, change: OwnershipChange) -> None:
         self.ownership_changes.labels(change.change).inc()

@@ -286,6 +286,10 @@ class Operations:
         """Told how each write whose answer did not come was settled (a metric)."""
         self.on_late: Callable[[], None] | None = None
         """Told of each request refused because its deadline had passed (a metric)."""
+        self.on_timing: Callable[[str, str, float], None] | None = None
+        """Told how long each step took (a metric): (`node_wait`, op, seconds) for the wait for
+        the node's lock, (`write`, patch|binding, seconds) for each API write, (`operation`,
+        op, seconds) from a request's arrival to its answer."""
         self.intents: IntentLog | None = None
         """Partitioned accounting: where each claim-carrying write's intent is recorded before
         it is sent, for the partition's next owner to settle (svc_accounting/intents.py)."""
@@ -304,9 +308,11 @@ class Operations:
         """The node's lock, waited for no longer than the request's deadline, which is checked
         again once it is held: a request is never acted on after its caller gave up."""
         lock = self.lock(name)
+        waited = time.monotonic()
         try:
             async with asyncio.timeout(None if deadline is None else deadline.remaining()):
                 await lock.acquire()
+            self._timing("node_wait", op, time.monotonic() - waited)
         except TimeoutError as exc:
             self._late()
             raise Refused(
@@ -324,6 +330,10 @@ class Operations:
     def _late(self) -> None:
         if self.on_late is not None:
             self.on_late()
+
+    def _timing(self, step: str, what: str, seconds: float) -> None:
+        if self.on_timing is not None:
+            self.on_timing(step, what, seconds)
 
     def _ok(self, node: NodeLedger | None) -> _Head:
         """A success's head: the node's name and revision when accounting knows it."""
@@ -449,6 +459,7 @@ class Operations:
         bind_to: str = "",
     ) -> tuple[PodInfo, set[str]]:
         carried = _binding_annotations(annotations) if bind_to and not pod.node_name else None
+        sent = time.monotonic()
         try:
             async with asyncio.timeout(budget):
                 if carried is not None:
@@ -460,6 +471,7 @@ class Operations:
                         annotations=carried,
                         resource_version=pod.resource_version,
                     )
+                    self._timing("write", "binding", time.monotonic() - sent)
                     bound = dataclasses.replace(
                         pod, node_name=bind_to, annotations={**pod.annotations, **carried}
                     )
@@ -469,6 +481,7 @@ class Operations:
                 body = await self.kube.patch_pod_annotations(
                     pod.namespace, pod.name, annotations, pod.resource_version
                 )
+                self._timing("write", "patch", time.monotonic() - sent)
         except TimeoutError as exc:
             if settle:
                 return await self._settle(pod, annotations, budget, epoch)
@@ -1202,6 +1215,17 @@ class Operations:
     # --- dispatch ---------------------------------------------------------------------------
 
     async def handle(
+        self, op: str, node_token: str, data: bytes, received: float | None = None
+    ) -> Outcome:
+        """`_handle`, timed from the request's arrival (`received`) to its answer."""
+        started = time.monotonic() if received is None else received
+        try:
+            return await self._handle(op, node_token, data, received)
+        finally:
+            if op in messages.OPS:  # a made-up op name is no label
+                self._timing("operation", op, time.monotonic() - started)
+
+    async def _handle(
         self, op: str, node_token: str, data: bytes, received: float | None = None
     ) -> Outcome:
         """Decode and run one operation; refusals and bad input become replies, never

@@ -175,6 +175,7 @@ class AccountingService:
         self.ops.serves = self.ownership.serves
         self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
         self.ops.on_late = self.metrics.late_requests.inc
+        self.ops.on_timing = self.metrics.timing
         self.ops.replica = self.replica
         self.ops.served_partitions = self.ownership.served if options.partitions else None
 

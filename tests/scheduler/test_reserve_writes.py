@@ -115,6 +115,16 @@ async def test_the_bind_writes_the_whole_reservation_with_the_binding(
         assert s.h.accounting is not None
         registry = s.h.accounting.metrics.registry
         assert sample(registry, "numafit_accounting_held_reservations") == 0
+        # The steps of it, timed: one Binding and no patch, one bind-phase that waited for its
+        # node once.
+        writes = "numafit_accounting_api_write_duration_seconds_count"
+        assert sample(registry, writes, kind="binding") == 1
+        assert sample(registry, writes, kind="patch") == 0
+        waits = "numafit_accounting_node_wait_duration_seconds_count"
+        assert sample(registry, waits, op="bind-phase") == 1
+        answered = "numafit_accounting_operation_duration_seconds_count"
+        assert sample(registry, answered, op="bind-phase") == 1
+        assert sample(registry, answered, op="reserve") >= 1
 
 
 async def test_an_unbound_reservation_expires_and_its_bind_fails_cleanly(

@@ -20,6 +20,7 @@ replica that woke up) must not take requests away from the owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -132,6 +133,14 @@ class Routes:
         (a reconnect) finishes on its own: the server has no interest from this connection
         meanwhile (it dropped it with the connection, or has the UNSUB)."""
         if not subs:
+            return
+        if not self.nc.is_connected:
+            # Disconnected: the server dropped this connection's interest with it. Dropped here
+            # too (a drain's flush could fail mid-way and leave the subscription to be sent
+            # again at the next reconnect).
+            for sub in subs:
+                with contextlib.suppress(nats.errors.Error, OSError):
+                    await sub.unsubscribe()
             return
         tasks = [asyncio.ensure_future(_drained(sub)) for sub in subs]
         for task in tasks:  # kept until done (the loop holds tasks weakly)

@@ -54,3 +54,52 @@ def test_valid_names_keeps_the_valid_ones_in_order() -> None:
         "node-1",
         "node-3",
     ]
+
+
+def test_an_accounting_subject_carries_the_nodes_slot_before_its_token() -> None:
+    from shared.core.partitions import fnv1a_32
+
+    subject = subjects.accounting("pending", "gpu.node-7")
+    slot = fnv1a_32(b"gpu.node-7") % 256
+    assert subject == f"numafit.accounting.v1.pending.{slot}.gpu_node-7"
+    parsed = subjects.parse_accounting(subject)
+    assert parsed == ("pending", slot, "gpu_node-7")
+    assert parsed is not None and parsed.node == "gpu.node-7" and parsed.slot_matches()
+    # The node token stays last: one permission line per operation and node.
+    assert subject.rsplit(".", 1)[1] == subjects.node_token("gpu.node-7")
+
+
+def test_a_slot_that_is_not_the_nodes_is_told_apart() -> None:
+    from shared.core.partitions import slot_of
+
+    wrong = (slot_of("node-1") + 1) % 256
+    parsed = subjects.parse_accounting(f"numafit.accounting.v1.pending.{wrong}.node-1")
+    assert parsed is not None and not parsed.slot_matches()
+    # A token that names no node is left to the operation to refuse.
+    odd = subjects.parse_accounting("numafit.accounting.v1.pending.3.BAD")
+    assert odd is not None and odd.slot_matches()
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "numafit.accounting.v1.pending.node-1",
+        "numafit.accounting.v1.pending.256.node-1",
+        "numafit.accounting.v1.pending.07.node-1",
+        "numafit.accounting.v1.pending.x.node-1",
+        "numafit.accounting.v1.pending.1.node-1.extra",
+        "numafit.refit.v1.node-1",
+    ],
+)
+def test_what_is_not_an_accounting_subject_is_none(subject: str) -> None:
+    assert subjects.parse_accounting(subject) is None
+
+
+def test_every_node_of_a_partition_is_asked_on_one_of_its_slots() -> None:
+    assert subjects.accounting("snapshot", subjects.ALL_NODES) == subjects.accounting_all(0)
+    assert subjects.accounting_all(5) == "numafit.accounting.v1.snapshot.5._all"
+    assert subjects.accounting_slot(5) == "numafit.accounting.v1.*.5.*"
+    with pytest.raises(ValueError, match="slot"):
+        subjects.accounting_all(256)
+    with pytest.raises(ValueError, match="every node"):
+        subjects.accounting("pending", subjects.ALL_NODES)

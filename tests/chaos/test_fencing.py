@@ -291,8 +291,8 @@ async def test_a_joining_replica_answers_nothing_the_owner_answered(
                 await nc.flush()
                 await asyncio.sleep(0.02)  # a steady stream across the join, not a wait
             await wait_for(lambda: owns(b), within=15)
-            # Answers still on their way (a request kept for the takeover) are given the
-            # takeover wait and the deadline to come; a second answer would come by then.
+            # Answers still on their way (a request A received before its drain) are given
+            # the deadline to come; a second answer would come by then.
             with contextlib.suppress(TimeoutError):
                 await wait_for(lambda: bool(answers.twice()), within=3)
             current = await list_pods(kube)

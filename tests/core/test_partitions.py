@@ -53,3 +53,24 @@ def test_a_leaving_replica_gives_only_its_own_partitions_away() -> None:
     assert {k for k in before if before[k] != after[k]} == {
         k for k, owner in before.items() if owner == "c"
     }
+
+
+def test_a_partition_is_the_slots_of_one_residue_and_keeps_the_old_assignment() -> None:
+    from shared.core.partitions import SLOTS, partition_of_slot, slot_of, slots_of
+
+    assert SLOTS == 256
+    for partitions in (1, 3, 16, 256):
+        owned = [set(slots_of(k, partitions)) for k in range(partitions)]
+        assert set().union(*owned) == set(range(SLOTS))
+        assert sum(len(s) for s in owned) == SLOTS  # disjoint
+        assert all(partition_of_slot(s, partitions) == k for k, o in enumerate(owned) for s in o)
+    # A count dividing 256 puts every node where FNV-1a mod the count did before slots.
+    for i in range(200):
+        name = f"node-{i}"
+        assert partition_of(name, 16) == fnv1a_32(name.encode()) % 16
+        assert slot_of(name) == fnv1a_32(name.encode()) % 256
+
+
+def test_there_are_at_most_as_many_partitions_as_slots() -> None:
+    with pytest.raises(ValueError, match="at most 256"):
+        partition_of("node-1", 257)

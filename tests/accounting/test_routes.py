@@ -14,7 +14,7 @@ from shared import subjects
 from shared.core.partitions import partition_of, partition_of_slot, targets
 from shared.messages import PendingReply, PendingRequest, SnapshotReply, SnapshotRequest
 from svc_accounting import service as accounting_service
-from svc_accounting.routes import Routes
+from svc_accounting.routes import EVERY_SLOT, Routes
 from svc_accounting.service import AccountingService
 from tests.builders import gpu, node
 from tests.integration.harness import Harness, harness, wait_for
@@ -54,11 +54,11 @@ class Deliveries:
 
         async def deliver(service: AccountingService, msg: Msg) -> None:
             addressed = subjects.parse_accounting(msg.subject)
-            assert addressed is not None and service.leases is not None
-            k = partition_of_slot(addressed.slot, service.leases.partitions)
-            self.seen.append(
-                Delivery(service.replica, msg.subject, msg.reply, k, k in service.leases.held)
-            )
+            assert addressed is not None
+            table = service.leases
+            k = 0 if table is None else partition_of_slot(addressed.slot, table.partitions)
+            held = table is None or k in table.held  # one replica holds everything
+            self.seen.append(Delivery(service.replica, msg.subject, msg.reply, k, held))
             await real(service, msg)
 
         monkeypatch.setattr(AccountingService, "_deliver", deliver)
@@ -218,3 +218,27 @@ async def test_a_handover_never_has_two_replicas_subscribed_to_one_partition(
         assert [d for d in deliveries.seen if not d.held] == []
         assert len(deliveries.seen) == asked
         assert set(deliveries.per_replica()) == {"replica-a", "replica-b"}
+
+
+async def test_one_replica_subscribes_to_every_slot_and_answers_every_node(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--partitions 0`: no JetStream, one subscription to every slot (in the queue group),
+    every node answered, a snapshot of every node in one request."""
+    deliveries = Deliveries(monkeypatch)
+    async with harness(nats_url, tmp_path, cluster(), with_refit=False) as h:
+        if h.accounting is not None:
+            await h.accounting.stop(1.0)
+        options = dataclasses.replace(h.accounting_options, replica_id="alone", partitions=0)
+        alone: AccountingService = await h.wiring.start(
+            accounting_service.spec(options), client_name="alone"
+        )
+        assert alone.leases is None
+        assert alone.routes.slots() == {EVERY_SLOT}  # one subscription, not one per slot
+        for name in NODES:
+            reply = await h.client.ask(SnapshotRequest(node=name), SnapshotReply, 2.0)
+            assert reply.ok and reply.nodes, (name, reply)
+        deliveries.seen.clear()
+        _, nodes = await h.client.every_node(budget=3.0)
+        assert sorted(n.node for n in nodes) == NODES
+        assert len(deliveries.seen) == 1

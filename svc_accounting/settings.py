@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
 from shared.core.partitions import SLOTS
-from shared.service.declare import setting, whole
+from shared.service.declare import setting
 from shared.service.events import TIMEOUT as EVENT_TIMEOUT
+from shared.service.values import Parser, whole
 from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL
 from svc_accounting.operations import DEFAULT_RESERVATION_TTL, DEFAULT_WRITE_TIMEOUT
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 METRICS_PORT = 9102
 MAX_PARTITIONS = SLOTS
@@ -36,13 +33,14 @@ SECTIONS = {
 }
 
 
-def check_replica_id(text: str) -> str:
+def _replica_id(text: str) -> str:
     if text and not REPLICA_ID.fullmatch(text):
         raise ValueError(f"{text[:80]!r}: a replica id is 1-64 letters, digits, '-' or '_'")
     return text
 
 
-partition_count: Callable[[str], int] = whole(0, MAX_PARTITIONS)
+check_replica_id = Parser(_replica_id, "1-64 letters, digits, '-' or '_'")
+partition_count = whole(0, MAX_PARTITIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +65,7 @@ class AccountingOptions:
     )
     partitions: int = setting(
         DEFAULT_PARTITIONS,
-        f"partitions the nodes are spread over, at most {SLOTS} (the slots of the subjects); every "
+        "partitions the nodes are spread over (each serves some of the subjects' slots); every "
         "replica must use the same number. 0: a single replica owns every node, without "
         "JetStream",
         parse=partition_count,

@@ -12,7 +12,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from shared.core.refit import MAX_TIMEOUT_MS
-from shared.service.declare import default_of, optional_text, setting, switch, whole
+from shared.service.declare import default_of, setting, switch
+from shared.service.values import optional_text, whole
 from svc_deviceplugin.config import HamiCorePaths, PluginConfig
 
 if TYPE_CHECKING:

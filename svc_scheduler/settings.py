@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 from shared.core.config import CoreConfig
 from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
-from shared.service.declare import group, listing, member, optional_text, setting, whole
+from shared.service.declare import group, listing, member, setting
 from shared.service.settings import gpu_scheduler_policy, node_scheduler_policy, port
+from shared.service.values import optional_text, whole
 from svc_scheduler.extender import DEFAULT_REQUEST_TIMEOUT
 from svc_scheduler.webhook import parse_scheduler_names
 

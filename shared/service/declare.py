@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from shared.service.values import boolean, seconds, shown, text, whole
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -32,8 +34,6 @@ SETTING = "numafit.setting"
 """The field metadata key of one setting."""
 GROUP = "numafit.group"
 """The field metadata key of a group: a dataclass whose fields are set by settings."""
-MAX_SHOWN = 80
-"""Characters of a refused value echoed in an error (the environment can hold anything)."""
 
 T = TypeVar("T")
 Kind = Literal["value", "switch", "list"]
@@ -108,9 +108,18 @@ class Setting:
             shown += f", or {alias} (deprecated)"
         return shown
 
+    @property
+    def accepts(self) -> str:
+        """What its parser accepts, in words (shared.service.values.Parser)."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        accepts = getattr(self.parse, "accepts", "")
+        return accepts if isinstance(accepts, str) else ""
+
     def full_help(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"{self.help} (env {self.env_text}; default {self.default_text}{unit})"
+        accepts = f"{self.accepts}; " if self.accepts else ""
+        return f"{self.help} ({accepts}env {self.env_text}; default {self.default_text}{unit})"
 
 
 def setting(
@@ -210,85 +219,6 @@ def declared_settings(cls: type[Any], defaults: Mapping[str, Any] | None = None)
     return found
 
 
-# --- parsers: text to value, ValueError naming what is wrong ---------------------------------
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "...")
-
-
-def text(value: str) -> str:
-    return value
-
-
-def optional_text(value: str) -> str | None:
-    """Text, where empty means not set."""
-    return value or None
-
-
-def whole(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
-    """A whole number within [low, high]."""
-
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"{_shown(value)} is not a whole number") from None
-        if (low is not None and number < low) or (high is not None and number > high):
-            raise ValueError(f"{_shown(value)}: must be {_range(low, high)}")
-        return number
-
-    return parse
-
-
-def _range(low: float | None, high: float | None) -> str:
-    if low is not None and high is not None:
-        return f"between {low} and {high}"
-    return f"at least {low}" if low is not None else f"at most {high}"
-
-
-def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
-    """A finite number of seconds, positive (or also 0 when `allow_zero`)."""
-
-    def parse(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"{_shown(value)} is not a number of seconds") from None
-        low_ok = number >= 0 if allow_zero else number > 0
-        if not low_ok or number == float("inf"):  # NaN fails both comparisons
-            what = "a non-negative" if allow_zero else "a positive"
-            raise ValueError(f"{_shown(value)}: must be {what} number of seconds")
-        return number
-
-    return parse
-
-
-def one_of(*choices: str, fold: bool = False) -> Callable[[str], str]:
-    """One of `choices` (any case when `fold`)."""
-
-    def parse(value: str) -> str:
-        chosen = value.lower() if fold else value
-        if chosen not in choices:
-            raise ValueError(f"{_shown(value)} is not one of {', '.join(choices)}")
-        return chosen
-
-    return parse
-
-
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"", "0", "false", "no", "off"})
-
-
-def boolean(value: str) -> bool:
-    folded = value.strip().lower()
-    if folded in TRUE:
-        return True
-    if folded in FALSE:
-        return False
-    raise ValueError(f"{_shown(value)} is not true or false (1/0, yes/no, on/off)")
-
-
 def _parser_for(default: Any) -> Callable[[str], Any]:
     if isinstance(default, bool):
         return boolean
@@ -379,7 +309,7 @@ class SettingsParser(argparse.ArgumentParser):
             if declared.choices and value not in declared.choices:
                 choices = ", ".join(declared.choices)
                 self.exit(
-                    2, f"{self.prog}: error: {variable}: {_shown(raw)} is not one of {choices}\n"
+                    2, f"{self.prog}: error: {variable}: {shown(raw)} is not one of {choices}\n"
                 )
             return value
         return list(declared.default) if declared.kind == "list" else declared.default

@@ -29,7 +29,7 @@ are not settings and have no variable: `--help`, and the device plugin's `--inve
 This page is generated from the settings' declarations (`svc_*/settings.py`,
 `shared/service/settings.py`): `python -m scripts.settings_reference` rewrites it, and a
 test fails when it and `numafit run <service> --help` disagree."""
-HEADER = "| Flag | Environment | Default | Unit | Meaning |\n|---|---|---|---|---|"
+HEADER = "| Flag | Environment | Default | Unit | Accepts | Meaning |\n|---|---|---|---|---|---|"
 
 
 def _cell(text: str) -> str:
@@ -43,8 +43,8 @@ def setting_row(declared: Setting) -> str:
         f"`{declared.env}`" + "".join(f", `{a}` (deprecated)" for a in declared.aliases),
         f"`{declared.default_text}`",
         declared.unit,
+        declared.accepts,
         declared.help
-        + (f" (one of {', '.join(declared.choices)})" if declared.choices else "")
         + (" (repeatable; the variable comma-separated)" if declared.kind == "list" else ""),
     )
     return "| " + " | ".join(_cell(cell) for cell in cells) + " |"

@@ -11,16 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from shared.core.config import NODE_POLICIES, check_node_policy
 from shared.core.policy import check_gpu_policy
-from shared.service.declare import (
-    Setting,
-    SettingsParser,
-    member,
-    optional_text,
-    seconds,
-    setting,
-    whole,
-)
+from shared.service.declare import Setting, SettingsParser, member, setting
 from shared.service.logs import LOG_LEVELS
+from shared.service.values import checked, optional_text, seconds, whole
 
 if TYPE_CHECKING:
     import argparse
@@ -73,20 +66,10 @@ class CommonSettings:
     )
 
 
-def gpu_policy(text: str) -> str:
-    """A GPU policy as the core takes it (refused here so that a typo fails at start, not
-    as odd placements later)."""
-    why = check_gpu_policy(text)
-    if why:
-        raise ValueError(why)
-    return text
-
-
-def node_policy(text: str) -> str:
-    why = check_node_policy(text)
-    if why:
-        raise ValueError(why)
-    return text
+gpu_policy = checked(check_gpu_policy)
+"""A GPU policy as the core takes it (refused here so that a typo fails at start, not as odd
+placements later)."""
+node_policy = checked(check_node_policy)
 
 
 def gpu_scheduler_policy(section: str = "") -> Setting:

@@ -12,17 +12,15 @@ import pytest
 from shared.core.config import CoreConfig
 from shared.service.declare import (
     SettingsParser,
-    boolean,
     declared_settings,
     group,
     listing,
     member,
-    seconds,
     setting,
     switch,
-    whole,
 )
 from shared.service.settings import CommonSettings, gpu_scheduler_policy
+from shared.service.values import boolean, seconds, whole
 from svc_accounting.__main__ import build_parser as accounting_parser
 from svc_accounting.settings import AccountingOptions
 from svc_deviceplugin.__main__ import build_parser as deviceplugin_parser
@@ -155,7 +153,8 @@ def test_help_names_every_variable_and_default(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         parser({"NUMAFIT_TIMEOUT": "99"}).parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "how long (env NUMAFIT_TIMEOUT; default 2.5 s)" in out  # declared, not the env's
+    assert "how long (more than 0; env NUMAFIT_TIMEOUT; default 2.5 s)" in out  # not the env's
+    assert "how many (1 to 9; env NUMAFIT_COUNT; default 3)" in out
     assert "an old one (env NUMAFIT_OLD, or OLD_NAME (deprecated); default x)" in out
     assert "say less (env NUMAFIT_QUIET=true; default off)" in out
     assert "names (env NUMAFIT_NAMES (comma-separated); default n)" in out

@@ -26,7 +26,7 @@ OPTION = re.compile(r"^  (--[\w-]+)(?: (\S+))?(?:\s{2,}(.*))?$")
 
 
 def page_rows() -> dict[str, dict[str, list[str]]]:
-    """service -> flag -> [flag cell, env, default, unit, meaning], from the page."""
+    """service -> flag -> [flag cell, env, default, unit, accepts, meaning], from the page."""
     rows: dict[str, dict[str, list[str]]] = {}
     service = ""
     for line in settings_reference.PAGE.read_text().splitlines():
@@ -69,17 +69,20 @@ def test_the_page_and_the_help_agree(
     rows = page_rows()[service]
     entries = help_entries(service, capsys, monkeypatch)
     assert set(rows) == set(entries) - COMMANDS
-    for flag, (flag_cell, env_cell, default_cell, unit, meaning) in rows.items():
+    for flag, (flag_cell, env_cell, default_cell, unit, accepts, meaning) in rows.items():
         metavar, text = entries[flag]
         assert flag_cell.strip("`") == f"{flag} {metavar}".strip(), flag
         variables = re.findall(r"`([A-Z_]+)`", env_cell)
         assert variables[0] == "NUMAFIT_" + flag[2:].upper().replace("-", "_"), flag
-        assert f"(env {variables[0]}" in text, flag
+        assert (
+            f"({accepts}; env {variables[0]}" in text if accepts else f"(env {variables[0]}" in text
+        ), flag
         for alias in variables[1:]:
             assert f"or {alias} (deprecated)" in text, (flag, alias)
         shown = default_cell.strip("`") + (f" {unit}" if unit else "")
         assert text.endswith(f"; default {shown})"), (flag, text)
-        assert meaning.startswith(text.split(" (env ")[0]), flag
+        said = text.split(f" ({accepts}; env " if accepts else " (env ")[0]
+        assert meaning.startswith(said), flag
     for command in COMMANDS & set(entries) - {"--help"}:
         assert "no environment variable" in entries[command][1]
 

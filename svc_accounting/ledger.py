@@ -26,7 +26,7 @@ from shared.core.quota import QuotaLedger, QuotaLimit
 from shared.messages import NodeState
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from shared.core.model import DeviceInfo, NodeSnapshot
     from shared.core.pods import PodInfo
@@ -151,6 +151,12 @@ class Ledger:
     """Partitioned accounting: the number of partitions (0: this replica owns every node)."""
     epochs: dict[int, str] = field(default_factory=dict)
     """Partitioned accounting: the epoch of each partition this replica serves."""
+    unseen: dict[str, str] = field(default_factory=dict)
+    """Pods accounting's own Binding wrote whose new resourceVersion no event has shown yet, by
+    UID: the version the ledger holds for them (the Binding's guard) is not the pod's any more,
+    so a write guarded by it would only conflict."""
+    on_seen: Callable[[str], None] | None = None
+    """Told of each UID that left `unseen` (its written version arrived, or it was deleted)."""
 
     def partition(self, name: str) -> int | None:
         return partition_of(name, self.partition_count) if self.partition_count else None
@@ -228,6 +234,7 @@ class Ledger:
 
     def _apply(self, pod: PodInfo, old: TrackedPod | None) -> set[str]:
         """`observe` once the pod is known to be newer than `old` (what the ledger tracks)."""
+        self._seen(pod.uid)
         hold = self.held.get(pod.uid)
         if hold is not None:
             if not hold.superseded_by(pod):
@@ -264,10 +271,18 @@ class Ledger:
         old = self.tracked(pod.uid)
         if old is not None and newer(old.pod.resource_version, pod.resource_version):
             return set()  # the watch was faster: it holds the written pod already
-        return self._apply(pod, old)
+        changed = self._apply(pod, old)
+        if self.tracked(pod.uid) is not None:
+            self.unseen[pod.uid] = pod.resource_version
+        return changed
+
+    def _seen(self, uid: str) -> None:
+        if self.unseen.pop(uid, None) is not None and self.on_seen is not None:
+            self.on_seen(uid)
 
     def forget(self, uid: str) -> set[str]:
         """The pod was deleted: release its reservation."""
+        self._seen(uid)
         self.held.pop(uid, None)
         old = self.tracked(uid)
         return set() if old is None else self._remove(old)

@@ -88,6 +88,10 @@ for long)."""
 SNAPSHOT_PAGE = 200
 SNAPSHOT_PAGE_MAX = 500
 """Nodes per `_all` snapshot page: 200 nodes of 8 GPUs and no pods is about 300 KiB."""
+SEEN_WAIT = 0.2
+"""Longest a write waits for the watch to show the pod accounting's Binding just wrote (its
+resourceVersion, which the Binding's answer does not carry): the event usually comes within
+milliseconds, and a write guarded by the version before would only conflict."""
 MIN_WRITE_BUDGET = 0.02
 """Below this remaining budget a write is not attempted: it could only land after the caller
 gave up (HAMi's post-timeout commit race, closed by construction)."""
@@ -286,6 +290,10 @@ class Operations:
         """Told how each write whose answer did not come was settled (a metric)."""
         self.on_late: Callable[[], None] | None = None
         """Told of each request refused because its deadline had passed (a metric)."""
+        self._seen: dict[str, asyncio.Event] = {}
+        """Writes waiting for the event of a pod accounting's Binding wrote (`_current`)."""
+        self.seen_wait = SEEN_WAIT
+        ledger.on_seen = self._on_seen
         self.on_timing: Callable[[str, str, float], None] | None = None
         """Told how long each step took (a metric): (`node_wait`, op, seconds) for the wait for
         the node's lock, (`write`, patch|binding, seconds) for each API write, (`operation`,
@@ -398,6 +406,7 @@ class Operations:
         time is settled before anything else happens on the node (`_settle`): the reply then
         says what became of it. With `bind_to` (a node) and the pod not bound yet, the write is
         the pod's Binding to that node, carrying the annotations under the same precondition."""
+        pod = await self._current(pod, self._budget(settle))
         budget = self._budget(settle)
         node = _NODE.get()
         if node and not self.serves(node):
@@ -425,6 +434,33 @@ class Operations:
         finally:
             if intent is not None and self.intents is not None:
                 self.intents.clear(intent)
+
+    async def _current(self, pod: PodInfo, budget: float) -> PodInfo:
+        """The version of `pod` to guard a write by. Just after accounting's own Binding the
+        ledger holds the Binding's guard (its answer carried no pod), which would only
+        conflict: the watch's event of the written pod is waited for, briefly, and the write
+        is guarded by it when nothing the write was planned on changed; else by the old one,
+        and its 409 says so (re-read, as for any conflict)."""
+        if self.ledger.unseen.get(pod.uid) != pod.resource_version:
+            return pod
+        event = self._seen.setdefault(pod.uid, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(self.seen_wait, budget / 4)):
+                await event.wait()
+        if not event.is_set():
+            self._seen.pop(pod.uid, None)
+        fresh = self.ledger.tracked(pod.uid)
+        if fresh is None or (fresh.pod.annotations, fresh.pod.node_name) != (
+            pod.annotations,
+            pod.node_name,
+        ):
+            return pod
+        return fresh.pod
+
+    def _on_seen(self, uid: str) -> None:
+        event = self._seen.pop(uid, None)
+        if event is not None:
+            event.set()
 
     async def _intend(self, pod: PodInfo, node: str, budget: float) -> Recorded | None:
         """Record the write's intent (partitioned accounting only); its key. Refused with

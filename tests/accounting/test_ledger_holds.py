@@ -146,10 +146,14 @@ def test_a_binding_ends_the_hold_at_its_guard_and_the_version_before_stays_stale
     assert ledger.observe(pod_from_object(unbound("5"))) == set()
     tracked = ledger.tracked("u1")
     assert tracked is not None and tracked.pod.annotations[keys.BIND_PHASE] == "allocating"
-    # The Binding's own event (a newer resourceVersion) is applied as usual.
+    assert ledger.unseen == {"u1": "5"}  # its written version is not known yet
+    seen: list[str] = []
+    ledger.on_seen = seen.append
+    # The Binding's own event (a newer resourceVersion) is applied as usual, and ends that.
     ledger.observe(pod_from_object(_bound_by_binding("8")))
     tracked = ledger.tracked("u1")
     assert tracked is not None and tracked.pod.resource_version == "8"
+    assert ledger.unseen == {} and seen == ["u1"]
 
 
 def test_a_binding_the_watch_already_showed_is_not_applied_again() -> None:

@@ -9,6 +9,7 @@ pod at bind in one resourceVersion-guarded patch. One that is never bound expire
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
@@ -226,3 +227,54 @@ async def test_a_bind_locks_the_node_in_the_ledger_at_once(nats_url: str, tmp_pa
         busy = await s.h.client.call("bind-phase", "node-1", body)
         assert busy["code"] == "conflict" and "still allocating pod ml/first" in busy["error"]
         assert not (await s.h.pod("ml", "second"))["spec"].get("nodeName")
+
+
+async def test_the_write_after_a_binding_waits_for_its_event_instead_of_conflicting(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The Binding's answer carries no resourceVersion, so the ledger holds the pod at the
+    Binding's guard until the watch shows the written pod. Allocate's consume arriving before
+    that event waits for it (briefly) and is guarded by the new version: one PATCH, not a
+    PATCH refused with 409, a re-read and a second PATCH."""
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        accounting = s.h.accounting
+        assert accounting is not None
+        created = await s.h.create("pod", pending_pod("train"))
+        uid = created["metadata"]["uid"]
+        assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
+        ledger = accounting.ledger
+        observe = ledger.observe
+        held_back: list[Any] = []
+
+        def slow_watch(pod: Any) -> set[str]:
+            if pod.uid == uid and pod.node_name:
+                held_back.append(pod)  # the watch lags behind the Binding's answer
+                return set()
+            return observe(pod)
+
+        ledger.observe = slow_watch  # type: ignore[method-assign]
+        # The wait under test (a quarter of the write's budget at most) outlasts a slow
+        # machine's steps below.
+        accounting.ops.seen_wait, accounting.ops.write_timeout = 30.0, 120.0
+        patches: list[str] = []
+        s.h.emulator.faults.on_write.append(
+            lambda method, path, _: patches.append(path) if method == "PATCH" else None
+        )
+        await s.bind(created, "node-1")
+        await wait_for(lambda: bool(held_back), within=5)  # the Binding's event, held back
+        assert ledger.unseen.get(uid) is not None
+        consume = asyncio.ensure_future(
+            s.h.client.call("consume", "node-1", {"podUID": uid, "devices": ["GPU-a"]}, budget=60)
+        )
+        # The consume either waits for that event, or (were it guarded by the version before)
+        # has been sent and refused.
+        await wait_for(lambda: uid in accounting.ops._seen or bool(patches), within=5)
+        ledger.observe = observe  # type: ignore[method-assign]
+        for pod in held_back:
+            observe(pod)
+        reply = await consume
+        assert reply["ok"], reply
+        assert [p for p in patches if p.endswith("/pods/train")] == [
+            "/api/v1/namespaces/ml/pods/train"
+        ]
+        assert uid not in ledger.unseen

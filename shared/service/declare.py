@@ -220,6 +220,8 @@ def declared_settings(cls: type[Any], defaults: Mapping[str, Any] | None = None)
 
 
 def _parser_for(default: Any) -> Callable[[str], Any]:
+    """The parser a setting without one gets, from its default's type (every float setting is
+    a duration so far: a positive number of seconds)."""
     if isinstance(default, bool):
         return boolean
     if isinstance(default, int):

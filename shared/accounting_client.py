@@ -48,8 +48,13 @@ class AccountingUnavailable(Exception):
 UNSERVED_RETRY = 1.0
 """Seconds a request keeps being sent again while nobody is subscribed to its subject: a
 partition being taken over is subscribed only once its new owner has brought it up to date
-(svc_accounting/routes.py), about a relist of the pods after a handover. Past this, or the
-budget, `AccountingUnavailable`: the caller's own fallback is not held up longer."""
+(svc_accounting/routes.py), about a relist of the pods after a handover. Past this, or
+`UNSERVED_SHARE` of the budget, `AccountingUnavailable`: the caller's own retry or fallback
+is not held up longer."""
+UNSERVED_SHARE = 0.25
+"""At most this share of a request's budget goes to resending it while nobody serves it: a
+caller making several requests in one budget (the device plugin's Allocate: pending, then
+consume) keeps time for the others and for its fallback."""
 REPLY_MARGIN = 0.02
 """Seconds kept back from the caller's budget for the reply's trip home."""
 
@@ -113,7 +118,11 @@ class AccountingClient:
             # nats-py bounds the wait for the reply; this bounds the publish before it too.
             async with asyncio.timeout(budget):
                 msg = await natsconn.request(
-                    self.nc, subject, data, budget, grace=min(self.unserved_retry, budget)
+                    self.nc,
+                    subject,
+                    data,
+                    budget,
+                    grace=min(self.unserved_retry, budget * UNSERVED_SHARE),
                 )
         except nats.errors.NoRespondersError as exc:
             raise AccountingUnavailable(f"no accounting service answers {subject}") from exc

@@ -619,7 +619,7 @@ class AccountingService:
         if admission is Admission.REFUSE:
             self.metrics.unowned.inc()
             with contextlib.suppress(Exception):
-                await self._reply(msg, messages.encode(self._unowned(op, token)))
+                await self._reply(msg, messages.encode(self._unowned(addressed)))
             return
         try:
             outcome = await self.ops.handle(op, token, msg.data, received)
@@ -698,16 +698,16 @@ class AccountingService:
             self._late_warned_at = now
             self._late_dropped = 0
 
-    def _unowned(self, op: str, token: str) -> messages.AccountingReply:
-        kinds = messages.OPS.get(op)
+    def _unowned(self, addressed: subjects.AccountingSubject) -> messages.AccountingReply:
+        kinds = messages.OPS.get(addressed.op)
         kind = messages.AccountingReply if kinds is None else kinds[1]
-        k = self.ownership.partition(token)
+        k = self.ownership.partition(addressed.node)
         return kind(
             ok=False,
             code=Code.NODE_UNAVAILABLE,
             error=(
-                f"no accounting replica serves node {shown(token)} (partition {k}) yet: a "
-                "takeover is under way; retry"
+                f"this accounting replica is handing node {shown(addressed.token)}'s partition "
+                f"{k} over (a takeover is under way): retry"
             ),
             epoch=self.ledger.epoch,
         )

@@ -40,10 +40,6 @@ class Ownership:
         self.leases = leases
 
     @property
-    def partitioned(self) -> bool:
-        return self.leases is not None
-
-    @property
     def partition_count(self) -> int:
         return 0 if self.leases is None else self.leases.partitions
 

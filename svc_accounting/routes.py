@@ -63,17 +63,8 @@ class Routes:
         """Opening and closing one at a time: a handover never races a takeover's subscribe."""
         self._draining: set[asyncio.Future[None]] = set()
 
-    def subscribed(self) -> frozenset[int]:
-        """The partitions whose slots are all subscribed (for tests and logs)."""
-        if not self.partitions:
-            return frozenset()
-        return frozenset(
-            k
-            for k in range(self.partitions)
-            if all(slot in self._subs for slot in slots_of(k, self.partitions))
-        )
-
     def slots(self) -> frozenset[int]:
+        """The slots subscribed (EVERY_SLOT: all of them, in one subscription)."""
         return frozenset(self._subs)
 
     async def open_every_slot(self) -> None:

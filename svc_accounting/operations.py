@@ -111,6 +111,14 @@ MAX_ERROR_LENGTH = 300
 """Error texts in replies (and log lines) are cut to this many characters."""
 NO_WRITE_OPS = frozenset({"pending", "snapshot"})
 """Operations that change nothing: served without the node's lock."""
+HOLD_OPS = frozenset({"reserve"})
+"""Operations that write nothing to the API server but decide on the node's free capacity:
+served beside another pod's write on the node (a bind-phase's Binding, a consume) under the
+node's *capacity* lock only, which the operations that change capacity by a decision (move,
+register) hold too. A bind-phase or consume changes no capacity (the hold it writes is
+counted already; a consume's drift records what kubelet did), so a reserve need not wait for
+its API round trip: kube-scheduler's one-pod-at-a-time filter would."""
+CAPACITY_OPS = frozenset({*HOLD_OPS, "move", "register"})
 UNLOCKED_NODE_OPS = frozenset({*NO_WRITE_OPS, "register"})
 """Operations allowed on a node the ledger does not know (reads answer empty; register's
 Node object is what brings a node in)."""
@@ -276,6 +284,11 @@ class Operations:
         self.reservation_ttl = reservation_ttl
         """Seconds a held reservation waits for its bind before it is released."""
         self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.capacity_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        self.binding: set[str] = set()
+        """Pods whose bind-phase write is under way, by UID: a reserve of one waits its turn."""
         """One lock per node while anyone holds or waits for it: the map never keeps a lock
         nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.on_drift = on_drift
@@ -304,18 +317,33 @@ class Operations:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def lock(self, name: str) -> asyncio.Lock:
-        lock = self.locks.get(name)
+    def lock(self, name: str, *, capacity: bool = False) -> asyncio.Lock:
+        """The node's lock (one operation that may write at a time), or with `capacity` its
+        capacity lock (one decision on its free capacity at a time: HOLD_OPS, CAPACITY_OPS)."""
+        locks = self.capacity_locks if capacity else self.locks
+        lock = locks.get(name)
         if lock is None:
             lock = asyncio.Lock()
-            self.locks[name] = lock
+            locks[name] = lock
         return lock
 
+    def busy(self) -> list[tuple[str, asyncio.Lock]]:
+        """Every node lock and capacity lock held now, with its node."""
+        return [
+            (name, lock)
+            for locks in (self.locks, self.capacity_locks)
+            for name, lock in list(locks.items())
+            if lock.locked()
+        ]
+
     @contextlib.asynccontextmanager
-    async def _locked(self, name: str, deadline: Deadline | None, op: str) -> AsyncIterator[None]:
-        """The node's lock, waited for no longer than the request's deadline, which is checked
-        again once it is held: a request is never acted on after its caller gave up."""
-        lock = self.lock(name)
+    async def _locked(
+        self, name: str, deadline: Deadline | None, op: str, *, capacity: bool = False
+    ) -> AsyncIterator[None]:
+        """The node's lock (or its capacity lock), waited for no longer than the request's
+        deadline, which is checked again once it is held: a request is never acted on after
+        its caller gave up."""
+        lock = self.lock(name, capacity=capacity)
         waited = time.monotonic()
         try:
             async with asyncio.timeout(None if deadline is None else deadline.remaining()):
@@ -880,6 +908,10 @@ class Operations:
                 Code.INVALID_REQUEST, f"node {name} has no GPU {shown(', '.join(unknown))}"
             )
         uid, namespace, pod_name = r.pod_uid, r.pod_namespace, r.pod_name
+        if uid in self.binding:
+            # Served beside the node's writes (HOLD_OPS), but not beside this pod's own bind:
+            # its Binding carries the reservation held now.
+            raise Refused(Code.CONFLICT, f"pod {shown(uid)} is being bound; decide again after")
         for label, text in (("podNamespace", namespace), ("podName", pod_name)):
             if not subjects.valid_name(text):
                 raise Refused(
@@ -1022,9 +1054,13 @@ class Operations:
 
         # Settled when its answer does not come: a late `allocating` must never land after
         # the bind was given up (it would lock the node for a pod that is not bound there).
-        guarded, _, written, changed = await self._write_rereading(
-            name, tracked, plan, lambda a: a, unchanged, settle=True, bind_to=bind_to
-        )
+        self.binding.add(r.pod_uid)
+        try:
+            guarded, _, written, changed = await self._write_rereading(
+                name, tracked, plan, lambda a: a, unchanged, settle=True, bind_to=bind_to
+            )
+        finally:
+            self.binding.discard(r.pod_uid)
         # A Binding answers with a Status: the pod's new resourceVersion is the watch's to tell.
         by_binding = bool(bind_to) and written.resource_version == guarded.pod.resource_version
         reply = BindPhaseReply(
@@ -1315,7 +1351,11 @@ class Operations:
                     async with self._locked(name, deadline, op):
                         pass
                 return await self._run(name, request)
-            async with self._locked(name, deadline, op):
+            async with contextlib.AsyncExitStack() as held:
+                if op not in HOLD_OPS:
+                    await held.enter_async_context(self._locked(name, deadline, op))
+                if op in CAPACITY_OPS:
+                    await held.enter_async_context(self._locked(name, deadline, op, capacity=True))
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited
                 if not self.serves(name):

@@ -359,11 +359,7 @@ class AccountingService:
 
     async def _drain(self, released: set[int]) -> None:
         """Wait (bounded) until no request holds a node lock of the `released` partitions."""
-        busy = [
-            lock
-            for name, lock in list(self.ops.locks.items())
-            if self.ledger.partition(name) in released and lock.locked()
-        ]
+        busy = [lock for name, lock in self.ops.busy() if self.ledger.partition(name) in released]
         if not busy:
             return
         bound = DRAIN_WRITES_FACTOR * self.ops.write_timeout

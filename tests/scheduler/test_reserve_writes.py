@@ -278,3 +278,29 @@ async def test_the_write_after_a_binding_waits_for_its_event_instead_of_conflict
             "/api/v1/namespaces/ml/pods/train"
         ]
         assert uid not in ledger.unseen
+
+
+async def test_a_reserve_is_served_beside_another_pods_binding_on_the_node(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A reserve writes nothing: it decides on the node's free capacity, which a bind's
+    Binding does not change (the hold it writes is counted already). So the next pod's filter
+    is not held up by the previous pod's Binding on the same node (kube-scheduler filters one
+    pod at a time: every wait there is every pod's)."""
+    async with stack(nats_url, tmp_path, two_nodes()) as s:
+        first = await s.h.create("pod", pending_pod("first", mem=1000))
+        second = await s.h.create("pod", pending_pod("second", mem=1000))
+        assert (await s.filter(first, ["node-1"]))["NodeNames"] == ["node-1"]
+        slow = s.h.emulator.faults.add(
+            method="POST", path_regex=r"/namespaces/ml/pods/first/binding$", delay_s=1.5, times=1
+        )
+        bind = asyncio.ensure_future(s.bind(first, "node-1"))
+        await wait_for(lambda: s.h.emulator.faults.in_flight == 1, within=5)
+        assert (await s.filter(second, ["node-1"]))["NodeNames"] == ["node-1"]
+        assert s.h.emulator.faults.in_flight == 1  # the first pod's Binding is still under way
+        assert (await s.reservation("ml", "second"))[keys.VGPU_NODE] == "node-1"
+        await bind
+        assert slow.hits == 1
+        bound = await s.h.pod("ml", "first")
+        assert bound["spec"]["nodeName"] == "node-1"
+        assert await pod_usage(s, "node-1") == 2000

@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
 pytestmark = real_tier()
 
-RELEASED_WITHIN = 15.0
+RELEASED_WITHIN = 20.0
 """Seconds from the lock's release to the bind: kube-scheduler's longest backoff (10 s), the
-bind's own wait and the watch's delivery."""
+backoff queue's flush (every 1 s), the bind's own wait and the watch's delivery, on a busy
+2-core machine (15 s was missed once there; parked, the pod waits 5 minutes)."""
 
 
 def waited_out_a_lock(plane: ControlPlane, namespace: str, name: str) -> bool:

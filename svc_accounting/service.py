@@ -168,9 +168,12 @@ class AccountingService:
                 nc, bucket=options.lease_bucket, timeout=self.leases.kv_timeout
             )
         self.ownership = Ownership(self.leases)
-        self.routes = Routes(
-            nc, self._deliver, partitions=options.partitions, timeout=options.write_timeout
-        )
+        # A drain runs inside a lease round: bounded so that the other partitions' renewals
+        # are not held up past their deadline.
+        drain = options.write_timeout
+        if self.leases is not None:
+            drain = min(drain, self.leases.renew_every / 2)
+        self.routes = Routes(nc, self._deliver, partitions=options.partitions, timeout=drain)
         """This replica's subscriptions: the slots of what it serves, nothing else."""
         self.ops.serves = self.ownership.serves
         self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()

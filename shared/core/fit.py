@@ -161,6 +161,59 @@ def _type_mismatch(device: DeviceUsage, request: ContainerRequest, options: FitO
     return options.vgpu_mode is not None and info.mode not in options.vgpu_mode
 
 
+def _early_refusal(
+    device: DeviceUsage, node: NodeSnapshot, request: ContainerRequest, options: FitOptions
+) -> str | None:
+    """The checks that come before the numa-bind run (a refused device does not start one)."""
+    info = device.info
+    if not info.health:
+        return CARD_NOT_HEALTH
+    if info.id in node.cordoned:
+        return CARD_CORDONED
+    if _type_mismatch(device, request, options):
+        return CARD_TYPE_MISMATCH
+    return None
+
+
+def _selection_refusal(device: DeviceUsage, options: FitOptions) -> str | None:
+    """The checks on the pod's uuid settings and on sharing, before the quota probe."""
+    info = device.info
+    if (options.use_uuids and info.id not in options.use_uuids) or (info.id in options.nouse_uuids):
+        return CARD_UUID_MISMATCH
+    if device.used >= info.count:
+        return CARD_TIME_SLICING_EXHAUSTED
+    if options.policy.mutex and device.used > 0:
+        return EXCLUSIVE_CONFLICT
+    return None
+
+
+def _capacity_refusal(device: DeviceUsage, memreq: int, cores: int) -> str | None:
+    """The checks on the device's free memory and cores, after the quota probe."""
+    info = device.info
+    if info.devmem - device.usedmem < memreq:
+        return CARD_INSUFFICIENT_MEMORY
+    if info.devcore - device.usedcores < cores:
+        return CARD_INSUFFICIENT_CORE
+    if info.devcore == 100 and cores == 100 and device.used > 0:
+        return EXCLUSIVE_CONFLICT
+    if info.devcore != 0 and device.usedcores == info.devcore and cores == 0:
+        return CARD_COMPUTE_UNITS_EXHAUSTED
+    if info.mode == "mig":
+        # MIG placement needs the GPU's MIG geometry, which the register does not carry.
+        return CARD_MIG_INFEASIBLE
+    return None
+
+
+def _node_refusal(node: NodeSnapshot, request: ContainerRequest) -> str | None:
+    """A refusal of the whole node, before any device is walked."""
+    if request.type not in keys.KNOWN_VENDORS:
+        return DEVICE_TYPE_NOT_FOUND
+    of_type = sum(1 for d in node.devices if d.info.matches_vendor(request.type))
+    if request.nums > of_type:
+        return NODE_INSUFFICIENT_DEVICE
+    return None
+
+
 def fit_container(
     node: NodeSnapshot,
     request: ContainerRequest,
@@ -175,11 +228,9 @@ def fit_container(
     """
     devices = node.devices
     considered = len(devices)
-    if request.type not in keys.KNOWN_VENDORS:
-        return ContainerFit((), {DEVICE_TYPE_NOT_FOUND: 1}, considered)
-    of_type = sum(1 for d in devices if d.info.matches_vendor(request.type))
-    if request.nums > of_type:
-        return ContainerFit((), {NODE_INSUFFICIENT_DEVICE: 1}, considered)
+    refused = _node_refusal(node, request)
+    if refused is not None:
+        return ContainerFit((), {refused: 1}, considered)
 
     cores = min(request.coresreq, 100)
     reasons: Counter[str] = Counter()
@@ -188,61 +239,26 @@ def fit_container(
     run_numa: int | None = None
     ordered = order_devices(devices, request, options.policy, options.numa_bind, options.weights)
 
-    def refuse(device: DeviceUsage, reason: str) -> None:
-        reasons[reason] += 1
-        verdicts.append(DeviceVerdict(device.info.id, device.info.numa, reason))
-
     for device in reversed(ordered):
         info = device.info
-        if not info.health:
-            refuse(device, CARD_NOT_HEALTH)
-            continue
-        if info.id in node.cordoned:
-            refuse(device, CARD_CORDONED)
-            continue
-        if _type_mismatch(device, request, options):
-            refuse(device, CARD_TYPE_MISMATCH)
-            continue
-        if options.numa_bind and info.numa != run_numa:
+        reason = _early_refusal(device, node, request, options)
+        if reason is None and options.numa_bind and info.numa != run_numa:
             # A new NUMA run starts: picks of the previous run cannot be combined with it.
             if taken:
                 reasons[NUMA_NOT_FIT] += len(taken)
                 taken = []
             run_numa = info.numa
-        if (options.use_uuids and info.id not in options.use_uuids) or (
-            info.id in options.nouse_uuids
-        ):
-            refuse(device, CARD_UUID_MISMATCH)
-            continue
-        if device.used >= info.count:
-            refuse(device, CARD_TIME_SLICING_EXHAUSTED)
-            continue
-        if options.policy.mutex and device.used > 0:
-            refuse(device, EXCLUSIVE_CONFLICT)
-            continue
         memreq = request.mem_on(info.devmem)
         candidate = ContainerDevice(info.id, request.type, memreq, cores, info.index)
-        if quota is not None:
-            rows = dict(pod_rows)
-            rows[position] = (*taken, candidate)
-            if not quota.fits(rows):
-                refuse(device, RESOURCE_QUOTA_NOT_FIT)
-                continue
-        if info.devmem - device.usedmem < memreq:
-            refuse(device, CARD_INSUFFICIENT_MEMORY)
-            continue
-        if info.devcore - device.usedcores < cores:
-            refuse(device, CARD_INSUFFICIENT_CORE)
-            continue
-        if info.devcore == 100 and cores == 100 and device.used > 0:
-            refuse(device, EXCLUSIVE_CONFLICT)
-            continue
-        if info.devcore != 0 and device.usedcores == info.devcore and cores == 0:
-            refuse(device, CARD_COMPUTE_UNITS_EXHAUSTED)
-            continue
-        if info.mode == "mig":
-            # MIG placement needs the GPU's MIG geometry, which the register does not carry.
-            refuse(device, CARD_MIG_INFEASIBLE)
+        if reason is None:
+            reason = _selection_refusal(device, options)
+        if reason is None and not _quota_fits(quota, pod_rows, position, (*taken, candidate)):
+            reason = RESOURCE_QUOTA_NOT_FIT
+        if reason is None:
+            reason = _capacity_refusal(device, memreq, cores)
+        if reason is not None:
+            reasons[reason] += 1
+            verdicts.append(DeviceVerdict(info.id, info.numa, reason))
             continue
         taken.append(candidate)
         verdicts.append(DeviceVerdict(info.id, info.numa, PICKED))
@@ -251,6 +267,20 @@ def fit_container(
     if taken:
         reasons[ALLOCATED_INSUFFICIENT] += len(taken)
     return ContainerFit((), dict(reasons), considered, tuple(verdicts))
+
+
+def _quota_fits(
+    quota: QuotaProbe | None,
+    pod_rows: Mapping[int, ContainerEntry],
+    position: int,
+    entry: ContainerEntry,
+) -> bool:
+    """Whether the pod, with `entry` at `position`, still fits its namespace quota."""
+    if quota is None:
+        return True
+    rows = dict(pod_rows)
+    rows[position] = entry
+    return quota.fits(rows)
 
 
 def restrict(node: NodeSnapshot, allowed: frozenset[str], vendor: str) -> NodeSnapshot:

@@ -158,46 +158,43 @@ def order_devices(
     def score(d: DeviceUsage) -> float:
         return scores[id(d)]
 
-    key: SortKey
     if policy.chain is not None:
-        keys = list(policy.chain) or ["spread"]
-        if numa_bind:
-            keys = ["numa", *(k for k in keys if k != "numa")]
-        parts: list[Callable[[DeviceUsage], float]] = []
-        for name in keys:
-            if name == "binpack":
-                parts.append(score)
-            elif name == "spread":
-                parts.append(lambda d: -score(d))
-            else:
-                parts.append(lambda d: float(d.info.numa))
-
-        def key(d: DeviceUsage) -> tuple[float, ...]:
-            return (*(p(d) for p in parts), float(d.info.index))
-
-    elif policy.raw == "binpack":
-        if numa_bind:
-
-            def key(d: DeviceUsage) -> tuple[float, ...]:
-                return (-float(d.info.numa), score(d), float(d.info.index))
-        else:
-
-            def key(d: DeviceUsage) -> tuple[float, ...]:
-                return (score(d), float(d.info.numa), float(d.info.index))
-
-    elif policy.raw == "mutex" and not numa_bind:
-
-        def key(d: DeviceUsage) -> tuple[float, ...]:
-            return (-float(d.used), float(d.info.numa), float(d.info.index))
-
-    elif numa_bind:
-
-        def key(d: DeviceUsage) -> tuple[float, ...]:
-            return (float(d.info.numa), -score(d), float(d.info.index))
-
-    else:  # spread, the default, and any other single value
-
-        def key(d: DeviceUsage) -> tuple[float, ...]:
-            return (-score(d), float(d.info.numa), float(d.info.index))
-
+        key = _chain_key(policy.chain, numa_bind, score)
+    else:
+        key = _single_key(policy.raw, numa_bind, score)
     return sorted(devices, key=key)
+
+
+def _chain_key(
+    chain: tuple[str, ...], numa_bind: bool, score: Callable[[DeviceUsage], float]
+) -> SortKey:
+    """A comma-separated policy: each named criterion in turn (numa first under numa-bind)."""
+    keys = list(chain) or ["spread"]
+    if numa_bind:
+        keys = ["numa", *(k for k in keys if k != "numa")]
+    parts: list[Callable[[DeviceUsage], float]] = []
+    for name in keys:
+        if name == "binpack":
+            parts.append(score)
+        elif name == "spread":
+            parts.append(lambda d: -score(d))
+        else:
+            parts.append(lambda d: float(d.info.numa))
+
+    def key(d: DeviceUsage) -> tuple[float, ...]:
+        return (*(p(d) for p in parts), float(d.info.index))
+
+    return key
+
+
+def _single_key(raw: str, numa_bind: bool, score: Callable[[DeviceUsage], float]) -> SortKey:
+    """A single policy value: binpack, mutex, or spread (the default, and any other value)."""
+    if raw == "binpack" and numa_bind:
+        return lambda d: (-float(d.info.numa), score(d), float(d.info.index))
+    if raw == "binpack":
+        return lambda d: (score(d), float(d.info.numa), float(d.info.index))
+    if raw == "mutex" and not numa_bind:
+        return lambda d: (-float(d.used), float(d.info.numa), float(d.info.index))
+    if numa_bind:
+        return lambda d: (float(d.info.numa), -score(d), float(d.info.index))
+    return lambda d: (-score(d), float(d.info.numa), float(d.info.index))

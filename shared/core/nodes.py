@@ -309,6 +309,18 @@ def place_pod(
     if cache is not None:
         cache.hits += hits
         cache.misses += misses
+    return _choose(rows, refused, scores, elsewhere, policy)
+
+
+def _choose(
+    rows: Mapping[str, tuple[ContainerEntry, ...]],
+    refused: Mapping[str, str],
+    scores: Mapping[str, float],
+    elsewhere: set[str],
+    policy: NodePolicy,
+) -> Placement:
+    """Rank the fitting nodes by the policy, those where kubelet's NUMA choice holds the pod's
+    GPUs first, and pick the best."""
     ranked = rank_nodes(scores, policy)
     if elsewhere and len(elsewhere) < len(ranked):
         # A node where kubelet's NUMA choice holds the GPUs wins whenever there is one.

@@ -100,6 +100,47 @@ def default_manager(user_agent: str) -> str:
     return user_agent.split("/", 1)[0][:FIELD_MANAGER_MAX_LENGTH]
 
 
+def _dry_run_values(query: MultiMapping[str], delete_options: JSONDict | None) -> list[str]:
+    """dryRun from the query and, for a delete, from its DeleteOptions body."""
+    dry_run = list(query.getall("dryRun", []))
+    from_body = delete_options.get("dryRun") if delete_options is not None else None
+    if from_body is not None:
+        if not isinstance(from_body, list) or not all(isinstance(v, str) for v in from_body):
+            raise errors.bad_request("DeleteOptions.dryRun must be a list of strings")
+        dry_run += from_body
+    return dry_run
+
+
+def _directive_errors(directive_text: str) -> list[FieldError]:
+    if directive_text in ("", *DIRECTIVES):
+        return []
+    return [
+        FieldError(
+            "fieldValidation",
+            "not_supported",
+            'supported values: "", "Ignore", "Strict", "Warn"',
+            directive_text,
+        )
+    ]
+
+
+def _patch_force(
+    force_text: str | None, manager: str, apply: bool, problems: list[FieldError]
+) -> bool:
+    """A patch's force flag (appending what is wrong with it and with its manager to
+    `problems`)."""
+    force = False
+    if force_text is not None:
+        force = _parse_bool("force", force_text)
+        if not apply:
+            problems.append(
+                FieldError("force", "forbidden", "may not be specified for non-apply patch")
+            )
+    if apply and not manager:
+        problems.append(FieldError("fieldManager", "required", "is required for apply patch"))
+    return force
+
+
 def write_options(
     query: MultiMapping[str],
     verb: Verb,
@@ -109,38 +150,16 @@ def write_options(
     delete_options: JSONDict | None = None,
 ) -> WriteOptions:
     """The options of one write, or a KubeError saying why they are refused."""
-    dry_run = list(query.getall("dryRun", []))
-    if delete_options is not None:
-        from_body = delete_options.get("dryRun")
-        if from_body is not None:
-            if not isinstance(from_body, list) or not all(isinstance(v, str) for v in from_body):
-                raise errors.bad_request("DeleteOptions.dryRun must be a list of strings")
-            dry_run += from_body
+    dry_run = _dry_run_values(query, delete_options)
     problems = _dry_run_errors(dry_run)
     manager = query.get("fieldManager", "")
     directive_text = query.get("fieldValidation", "")
-    force_text = query.get("force")
     if verb != "Delete":
         problems += _manager_errors(manager)
-        if directive_text not in ("", *DIRECTIVES):
-            problems.append(
-                FieldError(
-                    "fieldValidation",
-                    "not_supported",
-                    'supported values: "", "Ignore", "Strict", "Warn"',
-                    directive_text,
-                )
-            )
+        problems += _directive_errors(directive_text)
     force = False
     if verb == "Patch":
-        if force_text is not None:
-            force = _parse_bool("force", force_text)
-            if not apply:
-                problems.append(
-                    FieldError("force", "forbidden", "may not be specified for non-apply patch")
-                )
-        if apply and not manager:
-            problems.append(FieldError("fieldManager", "required", "is required for apply patch"))
+        force = _patch_force(query.get("force"), manager, apply, problems)
     if problems:
         raise errors.invalid(f"{verb}Options", "", problems, "meta.k8s.io")
     directive: Directive = "Warn"

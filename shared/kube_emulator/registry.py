@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from . import apply as server_side_apply
 from . import errors, field_validation
 from .admission import DEFAULT_WEBHOOK, AdmissionDenied, AdmissionHook, AdmissionRequest
+from .binding import bind_pod, check_bindable, check_preconditions, check_target
 from .errors import FieldError, KubeError
 from .objects import JSONDict, child, copy_json, metadata, now_rfc3339
 from .options import WriteOptions
@@ -351,16 +352,7 @@ class Registry:
         current = self.get(kind, namespace, name)
         preconditions = child(delete_options or {}, "preconditions")
         meta = metadata(current)
-        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
-            wanted = preconditions.get(field)
-            if wanted and wanted != meta.get(field):
-                raise errors.conflict(
-                    kind.plural,
-                    name,
-                    f"Precondition failed: {label} in precondition: {wanted}, "
-                    f"{label} in object meta: {meta.get(field)}",
-                    kind.group,
-                )
+        check_preconditions(preconditions, meta, kind.plural, name, kind.group)
         if options is not None and options.dry_run:
             return current
         try:
@@ -388,50 +380,12 @@ class Registry:
             raise errors.bad_request("name in URL does not match name in Binding object")
         self._check_namespace(PODS, namespace, meta)
         target = child(binding, "target")
-        problems = []
-        if target.get("kind", "") not in ("", "Node"):
-            problems.append(
-                FieldError(
-                    "target.kind",
-                    "not_supported",
-                    'supported values: "Node", "<empty>"',
-                    target["kind"],
-                )
-            )
-        if not target.get("name"):
-            problems.append(FieldError("target.name", "required"))
-        if problems:
-            raise errors.invalid("Binding", name, problems)
-
+        check_target(target, name)
         pod = self.get(PODS, namespace, name)
         pod_meta = metadata(pod)
-        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
-            wanted = meta.get(field)
-            if wanted and wanted != pod_meta.get(field):
-                raise errors.conflict(
-                    "pods",
-                    name,
-                    f"Precondition failed: {label} in precondition: {wanted}, "
-                    f"{label} in object meta: {pod_meta.get(field)}",
-                )
-        spec = pod.setdefault("spec", {})
-        refusal = None
-        if pod_meta.get("deletionTimestamp"):
-            refusal = f"pod {name} is being deleted, cannot be assigned to a host"
-        elif spec.get("nodeName"):
-            refusal = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
-        elif spec.get("schedulingGates"):
-            refusal = f"pod {name} has non-empty .spec.schedulingGates"
-        if refusal:
-            raise errors.conflict("pods/binding", name, refusal)
-
-        spec["nodeName"] = target["name"]
-        for section in ("annotations", "labels"):
-            extra = meta.get(section)
-            if isinstance(extra, dict) and extra:
-                existing = pod_meta.get(section)
-                pod_meta[section] = {**(existing if isinstance(existing, dict) else {}), **extra}
-        _set_condition(pod.setdefault("status", {}), {"type": "PodScheduled", "status": "True"})
+        check_preconditions(meta, pod_meta, "pods", name)
+        check_bindable(pod_meta, pod.setdefault("spec", {}), name)
+        bind_pod(pod, pod_meta, meta, target["name"])
         if options is None or not options.dry_run:
             self.store.update(PODS.bucket, pod, str(pod_meta["resourceVersion"]))
         return errors.success_status(201)
@@ -602,15 +556,3 @@ def _annotation_errors(meta: JSONDict) -> list[FieldError]:
         return []
     rule = f"must have at most {TOTAL_ANNOTATION_BYTES} bytes"
     return [FieldError("metadata.annotations", "too_long", rule)]
-
-
-def _set_condition(status: JSONDict, condition: JSONDict) -> None:
-    """Set a condition by type, stamping lastTransitionTime when its status changes."""
-    conditions = status.setdefault("conditions", [])
-    for existing in conditions:
-        if existing.get("type") == condition["type"]:
-            if existing.get("status") != condition["status"]:
-                existing["lastTransitionTime"] = now_rfc3339()
-            existing.update(condition)
-            return
-    conditions.append({**condition, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()})

@@ -146,54 +146,71 @@ def _pod_status(pod: JSONDict) -> tuple[str, int, str | None]:
     """The STATUS cell, the restart count and the time of the last restart."""
     spec, status, meta = child(pod, "spec"), child(pod, "status"), metadata(pod)
     reason = str(status.get("reason") or status.get("phase") or "")
-    restarts, last_restart = 0, None
-
-    def count(container: JSONDict) -> None:
-        nonlocal restarts, last_restart
-        restarts += int(container.get("restartCount") or 0)
-        finished = child(child(container, "lastState"), "terminated").get("finishedAt")
-        if isinstance(finished, str) and (last_restart is None or finished > last_restart):
-            last_restart = finished
-
     if reason == "Pending" and spec.get("schedulingGates"):
         reason = "SchedulingGated"
     init_statuses = _statuses(status, "initContainerStatuses")
-    initializing = False
+    init_reason, walked = _init_reason(spec, init_statuses)
+    # kubectl counts restarts of the containers it walked: the init containers up to the one
+    # still initializing, and the app containers only once every init container is done.
+    counted = init_statuses[:walked]
+    if init_reason is not None:
+        reason = init_reason
+    else:
+        app_statuses = _statuses(status, "containerStatuses")
+        counted += app_statuses
+        reason = _app_reason(status, app_statuses, reason)
+    if meta.get("deletionTimestamp"):
+        reason = "Unknown" if status.get("reason") == "NodeLost" else "Terminating"
+    restarts, last_restart = _restart_totals(counted)
+    return reason, restarts, last_restart
+
+
+def _init_reason(spec: JSONDict, init_statuses: list[JSONDict]) -> tuple[str | None, int]:
+    """The reason of the first init container not done (None when all are) and how many init
+    containers were walked to find it."""
     for index, container in enumerate(init_statuses):
-        count(container)
         state = child(container, "state")
         terminated, waiting = child(state, "terminated"), child(state, "waiting")
         if terminated and terminated.get("exitCode") == 0:
             continue
         if terminated:
-            reason = _terminated_reason(terminated, "Init:")
-        elif waiting.get("reason") and waiting.get("reason") != "PodInitializing":
-            reason = f"Init:{waiting['reason']}"
-        else:
-            reason = f"Init:{index}/{len(spec.get('initContainers') or [])}"
-        initializing = True
-        break
-    if not initializing:
-        running = False
-        for container in reversed(_statuses(status, "containerStatuses")):
-            count(container)
-            state = child(container, "state")
-            waiting, terminated = child(state, "waiting"), child(state, "terminated")
-            if waiting.get("reason"):
-                reason = str(waiting["reason"])
-            elif terminated:
-                reason = _terminated_reason(terminated)
-            elif state.get("running") and container.get("ready"):
-                running = True
-        if reason == "Completed" and running:
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in _statuses(status, "conditions")
-            )
-            reason = "Running" if ready else "NotReady"
-    if meta.get("deletionTimestamp"):
-        reason = "Unknown" if status.get("reason") == "NodeLost" else "Terminating"
-    return reason, restarts, last_restart
+            return _terminated_reason(terminated, "Init:"), index + 1
+        if waiting.get("reason") and waiting.get("reason") != "PodInitializing":
+            return f"Init:{waiting['reason']}", index + 1
+        return f"Init:{index}/{len(spec.get('initContainers') or [])}", index + 1
+    return None, len(init_statuses)
+
+
+def _app_reason(status: JSONDict, app_statuses: list[JSONDict], reason: str) -> str:
+    """The reason from the app containers, the last one listed first, as kubectl reads it."""
+    running = False
+    for container in reversed(app_statuses):
+        state = child(container, "state")
+        waiting, terminated = child(state, "waiting"), child(state, "terminated")
+        if waiting.get("reason"):
+            reason = str(waiting["reason"])
+        elif terminated:
+            reason = _terminated_reason(terminated)
+        elif state.get("running") and container.get("ready"):
+            running = True
+    if reason == "Completed" and running:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in _statuses(status, "conditions")
+        )
+        reason = "Running" if ready else "NotReady"
+    return reason
+
+
+def _restart_totals(containers: list[JSONDict]) -> tuple[int, str | None]:
+    """Restarts summed and the latest lastState.terminated.finishedAt."""
+    restarts, last_restart = 0, None
+    for container in containers:
+        restarts += int(container.get("restartCount") or 0)
+        finished = child(child(container, "lastState"), "terminated").get("finishedAt")
+        if isinstance(finished, str) and (last_restart is None or finished > last_restart):
+            last_restart = finished
+    return restarts, last_restart
 
 
 def _pod_row(pod: JSONDict, now: dt.datetime) -> list[Cell]:

@@ -26,7 +26,7 @@ from shared.core.quota import QuotaLedger, limits_from_quotas
 from shared.core.refit import Code, RefitDecision, RefitInput, decide_refit
 
 if TYPE_CHECKING:
-    from shared.core.model import NodeSnapshot
+    from shared.core.model import DeviceInfo, NodeSnapshot
 
 
 class CaseError(ValueError):
@@ -58,67 +58,12 @@ class Case:
 
 def load_case(obj: Any) -> Case:
     """Validate a parsed case; raise CaseError naming the first problem."""
-    if not isinstance(obj, Mapping):
-        raise CaseError("case must be a JSON object")
-    unknown = sorted(set(obj) - _CASE_KEYS)
-    if unknown:
-        raise CaseError(f"unknown case key(s) {', '.join(unknown)}; known: {sorted(_CASE_KEYS)}")
-    for required in ("node", "request"):
-        if required not in obj:
-            raise CaseError(f"case has no {required!r}")
+    _check_case_keys(obj)
     try:
         config = parse_config(obj.get("config"))
-        node_obj = obj["node"]
-        if not isinstance(node_obj, Mapping) or not isinstance(node_obj.get("metadata"), Mapping):
-            raise CaseError("node must be a Kubernetes Node object with metadata")
-        meta = node_obj["metadata"]
-        name = meta.get("name")
-        if not isinstance(name, str) or not name:
-            raise CaseError("node has no metadata.name")
-        annotations = meta.get("annotations") or {}
-        if not isinstance(annotations, Mapping):
-            raise CaseError("node metadata.annotations must be an object")
-        register = annotations.get(keys.NODE_REGISTER)
-        cordon = annotations.get(keys.DEVICE_CORDON)
-        if register is not None and not isinstance(register, str):
-            raise CaseError(f"node annotation {keys.NODE_REGISTER} must be a string")
-        if cordon is not None and not isinstance(cordon, str):
-            raise CaseError(f"node annotation {keys.DEVICE_CORDON} must be a string")
-        devices = None
-        if register is not None:
-            try:
-                devices = codec.parse_register(register)
-            except CoreError as exc:
-                raise CaseError(f"node annotation {keys.NODE_REGISTER}: {exc}") from exc
-
-        pod_objs = obj.get("pods", [])
-        if not isinstance(pod_objs, list):
-            raise CaseError("pods must be a list of Pod objects")
-        tracked: dict[str, TrackedPod] = {}
-        warnings: list[str] = []
-        seen: set[str] = set()
-        for position, pod_obj in enumerate(pod_objs):
-            try:
-                pod = pod_from_object(pod_obj)
-            except CoreError as exc:
-                raise CaseError(f"pods[{position}]: {exc}") from exc
-            if pod.uid in seen:
-                raise CaseError(f"pods[{position}]: uid {pod.uid} appears twice")
-            seen.add(pod.uid)
-            entry = track_pod(pod)
-            if entry is None:
-                continue
-            tracked[pod.uid] = entry
-            if entry.decode_error is not None:
-                warnings.append(f"pod {pod.key}: {entry.decode_error} (not counted)")
-
-        quota_objs = obj.get("resourceQuotas", [])
-        if not isinstance(quota_objs, list):
-            raise CaseError("resourceQuotas must be a list of ResourceQuota objects")
-        ledger = QuotaLedger(limits_from_quotas(quota_objs, config))
-        for entry in tracked.values():
-            ledger.add(entry.pod.namespace, entry.usage)
-
+        name, devices, cordon = _load_node(obj["node"])
+        tracked, warnings = _load_pods(obj.get("pods", []))
+        ledger = _load_quotas(obj.get("resourceQuotas", []), config, tracked)
         request = refit_request(obj["request"])
     except CaseError:
         raise
@@ -129,6 +74,78 @@ def load_case(obj: Any) -> Case:
     if devices is not None:
         snapshot = node_snapshot(name, devices, codec.parse_uuid_list(cordon), tracked.values())
     return Case(name, snapshot, tracked, ledger, config, request, tuple(warnings))
+
+
+def _check_case_keys(obj: Any) -> None:
+    if not isinstance(obj, Mapping):
+        raise CaseError("case must be a JSON object")
+    unknown = sorted(set(obj) - _CASE_KEYS)
+    if unknown:
+        raise CaseError(f"unknown case key(s) {', '.join(unknown)}; known: {sorted(_CASE_KEYS)}")
+    for required in ("node", "request"):
+        if required not in obj:
+            raise CaseError(f"case has no {required!r}")
+
+
+def _load_node(node_obj: Any) -> tuple[str, tuple[DeviceInfo, ...] | None, str | None]:
+    """The node's name, its registered devices (None when unregistered) and its cordon list."""
+    if not isinstance(node_obj, Mapping) or not isinstance(node_obj.get("metadata"), Mapping):
+        raise CaseError("node must be a Kubernetes Node object with metadata")
+    meta = node_obj["metadata"]
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise CaseError("node has no metadata.name")
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        raise CaseError("node metadata.annotations must be an object")
+    register = annotations.get(keys.NODE_REGISTER)
+    cordon = annotations.get(keys.DEVICE_CORDON)
+    if register is not None and not isinstance(register, str):
+        raise CaseError(f"node annotation {keys.NODE_REGISTER} must be a string")
+    if cordon is not None and not isinstance(cordon, str):
+        raise CaseError(f"node annotation {keys.DEVICE_CORDON} must be a string")
+    if register is None:
+        return name, None, cordon
+    try:
+        return name, codec.parse_register(register), cordon
+    except CoreError as exc:
+        raise CaseError(f"node annotation {keys.NODE_REGISTER}: {exc}") from exc
+
+
+def _load_pods(pod_objs: Any) -> tuple[dict[str, TrackedPod], list[str]]:
+    """The tracked pods by uid and a warning for each whose annotations do not decode."""
+    if not isinstance(pod_objs, list):
+        raise CaseError("pods must be a list of Pod objects")
+    tracked: dict[str, TrackedPod] = {}
+    warnings: list[str] = []
+    seen: set[str] = set()
+    for position, pod_obj in enumerate(pod_objs):
+        try:
+            pod = pod_from_object(pod_obj)
+        except CoreError as exc:
+            raise CaseError(f"pods[{position}]: {exc}") from exc
+        if pod.uid in seen:
+            raise CaseError(f"pods[{position}]: uid {pod.uid} appears twice")
+        seen.add(pod.uid)
+        entry = track_pod(pod)
+        if entry is None:
+            continue
+        tracked[pod.uid] = entry
+        if entry.decode_error is not None:
+            warnings.append(f"pod {pod.key}: {entry.decode_error} (not counted)")
+    return tracked, warnings
+
+
+def _load_quotas(
+    quota_objs: Any, config: CoreConfig, tracked: Mapping[str, TrackedPod]
+) -> QuotaLedger:
+    """The namespaces' quota ledger, charged with every tracked pod."""
+    if not isinstance(quota_objs, list):
+        raise CaseError("resourceQuotas must be a list of ResourceQuota objects")
+    ledger = QuotaLedger(limits_from_quotas(quota_objs, config))
+    for entry in tracked.values():
+        ledger.add(entry.pod.namespace, entry.usage)
+    return ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +180,18 @@ def run_plan(case: Case) -> PlanResult:
 
 def explain(result: PlanResult) -> str:
     """The decision for a person: what was asked, each device's verdict, what moved and why."""
-    case, decision = result.case, result.decision
-    req = case.request
+    lines = _request_lines(result.case.request, result.decision)
+    lines.append("")
+    lines += _device_lines(result.case, result.decision)
+    lines += _result_lines(result)
+    lines += _annotation_lines(result.case, result.decision)
+    lines += _usage_after_lines(result.node_after)
+    for warning in result.case.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def _request_lines(req: RefitInput, decision: RefitDecision) -> list[str]:
     lines = [
         f"Refit request: container {req.container_index}"
         + (f" ({req.container_name})" if req.container_name else "")
@@ -177,31 +204,41 @@ def explain(result: PlanResult) -> str:
             f"{d.uuid} ({d.usedmem} MiB, {d.usedcores}% cores)" for d in decision.previous_devices
         )
         lines.append(f"  scheduler reserved: {devs}")
+    return lines
+
+
+def _device_lines(case: Case, decision: RefitDecision) -> list[str]:
+    """Each device of the node with the usage the fit saw and its verdict."""
+    if case.node is None or decision.preloaded is None:
+        return []
+    verdicts = {v.uuid: v.outcome for v in decision.fit.verdicts} if decision.fit else {}
+    kept = {d.info.id for d in decision.preloaded.devices}
+    lines = ["Devices (usage as the fit saw it: other pods + this pod's other phases):"]
+    by_uuid = decision.preloaded.by_uuid()
+    for device in case.node.devices:
+        info = device.info
+        head = f"  {info.id:<20} NUMA {info.numa:<3}"
+        if info.id not in kept:
+            lines.append(f"{head} not in kubelet's allowed set")
+            continue
+        seen = by_uuid[info.id]
+        usage = (
+            f"slots {seen.used}/{info.count}, mem {seen.usedmem}/{info.devmem} MiB, "
+            f"cores {seen.usedcores}/{info.devcore}"
+        )
+        outcome = verdicts.get(info.id, "not needed")
+        verdict = "PICKED" if outcome == PICKED else f"refused: {outcome}"
+        if outcome == "not needed":
+            verdict = "not needed (enough devices picked before it)"
+        lines.append(f"{head} {usage:<52} {verdict}")
     lines.append("")
-    if case.node is not None and decision.preloaded is not None:
-        verdicts = {v.uuid: v.outcome for v in decision.fit.verdicts} if decision.fit else {}
-        kept = {d.info.id for d in decision.preloaded.devices}
-        lines.append("Devices (usage as the fit saw it: other pods + this pod's other phases):")
-        by_uuid = decision.preloaded.by_uuid()
-        for device in case.node.devices:
-            info = device.info
-            head = f"  {info.id:<20} NUMA {info.numa:<3}"
-            if info.id not in kept:
-                lines.append(f"{head} not in kubelet's allowed set")
-                continue
-            seen = by_uuid[info.id]
-            usage = (
-                f"slots {seen.used}/{info.count}, mem {seen.usedmem}/{info.devmem} MiB, "
-                f"cores {seen.usedcores}/{info.devcore}"
-            )
-            outcome = verdicts.get(info.id, "not needed")
-            verdict = "PICKED" if outcome == PICKED else f"refused: {outcome}"
-            if outcome == "not needed":
-                verdict = "not needed (enough devices picked before it)"
-            lines.append(f"{head} {usage:<52} {verdict}")
-        lines.append("")
+    return lines
+
+
+def _result_lines(result: PlanResult) -> list[str]:
+    decision, req = result.decision, result.case.request
     outcome = "succeeded" if decision.succeeded else "refused"
-    lines.append(f"Result: {outcome}, code {decision.code.value}")
+    lines = [f"Result: {outcome}, code {decision.code.value}"]
     if decision.code is Code.MOVED:
         lines.append(
             f"  moved container {req.container_index} from "
@@ -214,27 +251,33 @@ def explain(result: PlanResult) -> str:
     else:
         lines.append(f"  why: {decision.failure_reason}")
         lines.extend(_after_refusal(result))
-    if decision.annotations:
-        lines.append("")
-        lines.append("Annotations to patch:")
-        target = case.pods[req.pod_uid]
-        old = {keys.TO_ALLOCATE: target.to_allocate, keys.ALLOCATED: target.allocated}
-        for key, value in decision.annotations.items():
-            lines.append(f"  {key}")
-            lines.append(f"    before: {old[key]}")
-            lines.append(f"    after:  {value}")
-    if result.node_after is not None:
-        lines.append("")
-        lines.append("Node usage after the decision (phase-aware, every pod):")
-        for device in result.node_after.devices:
-            info = device.info
-            lines.append(
-                f"  {info.id:<20} NUMA {info.numa:<3} slots {device.used}/{info.count}, "
-                f"mem {device.usedmem}/{info.devmem} MiB, cores {device.usedcores}/{info.devcore}"
-            )
-    for warning in case.warnings:
-        lines.append(f"warning: {warning}")
-    return "\n".join(lines)
+    return lines
+
+
+def _annotation_lines(case: Case, decision: RefitDecision) -> list[str]:
+    if not decision.annotations:
+        return []
+    lines = ["", "Annotations to patch:"]
+    target = case.pods[case.request.pod_uid]
+    old = {keys.TO_ALLOCATE: target.to_allocate, keys.ALLOCATED: target.allocated}
+    for key, value in decision.annotations.items():
+        lines.append(f"  {key}")
+        lines.append(f"    before: {old[key]}")
+        lines.append(f"    after:  {value}")
+    return lines
+
+
+def _usage_after_lines(node_after: NodeSnapshot | None) -> list[str]:
+    if node_after is None:
+        return []
+    lines = ["", "Node usage after the decision (phase-aware, every pod):"]
+    for device in node_after.devices:
+        info = device.info
+        lines.append(
+            f"  {info.id:<20} NUMA {info.numa:<3} slots {device.used}/{info.count}, "
+            f"mem {device.usedmem}/{info.devmem} MiB, cores {device.usedcores}/{info.devcore}"
+        )
+    return lines
 
 
 def _after_refusal(result: PlanResult) -> list[str]:

@@ -213,24 +213,34 @@ def _render_comparison(comparison: dict[str, Any], out: TextIO) -> None:
 
 
 def _render_run(report: dict[str, Any], out: TextIO) -> None:
-    table = report["_table"]
-    rows = [
+    _print_rows(_container_rows(report), out)
+    notes = _notes(report)
+    if notes:
+        out.write("\nWhat happened:\n" + "\n".join(notes) + "\n")
+    out.write("\nGPU usage (phase-aware, as accounting counts it):\n")
+    _print_rows(_usage_rows(report), out)
+
+
+_NO_CONTAINER: dict[str, Any] = {
+    "name": "-",
+    "gpus": [],
+    "gpuNuma": [],
+    "cpuNuma": None,
+    "aligned": True,
+    "refit": "none",
+}
+"""The row of a pod without containers in the report."""
+
+
+def _container_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per container; the pod's cells only on its first."""
+    rows: list[tuple[str, ...]] = [
         ("POD", "NODE", "PHASE", "CONTAINER", "GPUS", "GPU NUMA", "CPU NUMA", "ALIGNED", "REFIT")
     ]
     for pod in report["pods"]:
         key = f"{pod['namespace']}/{pod['name']}"
         first = True
-        containers = pod["containers"] or [
-            {
-                "name": "-",
-                "gpus": [],
-                "gpuNuma": [],
-                "cpuNuma": None,
-                "aligned": True,
-                "refit": "none",
-            }
-        ]
-        for c in containers:
+        for c in pod["containers"] or [_NO_CONTAINER]:
             rows.append(
                 (
                     key if first else "",
@@ -245,69 +255,90 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
                 )
             )
             first = False
-    _print_rows(rows, out)
+    return rows
 
-    causes = _overcommit_causes(report)
-    notes = []
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """What happened to each container and pod worth a sentence, deleted pods first."""
+    table = report["_table"]
+    notes: list[str] = []
     for pod in [*table["deleted"], *report["pods"]]:
         key = f"{pod['namespace']}/{pod['name']}"
         reserved = table["reserved"].get(key, {})
         for c in pod["containers"]:
-            before = reserved.get(c["name"]) or []
-            if c["refit"] == "moved":
-                pinned = (
-                    f"pinned its CPUs to NUMA {c['cpuNuma']} and offered only that node's GPUs"
-                    if c["cpuNuma"] is not None
-                    else "pinned no CPUs (not a Guaranteed pod) and offered only NUMA "
-                    f"{_numa_text(c)}'s GPUs"
-                )
-                notes.append(
-                    f"  {key} {c['name']}: the scheduler reserved {','.join(before)}; kubelet "
-                    f"{pinned}, so the refit moved the reservation to {','.join(c['ledgerGpus'])}"
-                )
-            elif c["refit"] == "reused" and c["gpus"]:
-                moved = (
-                    f"; the reservation followed from {','.join(before)}"
-                    if before and set(before) != set(c["gpus"])
-                    else ""
-                )
-                notes.append(
-                    f"  {key} {c['name']}: kubelet gave it its init container's "
-                    f"{','.join(c['gpus'])} without asking the plugin (device reuse){moved}"
-                )
-            elif _fell_back(c["refit"]) and c["gpus"]:
-                numa = f"GPU NUMA {','.join(str(n) for n in c['gpuNuma'])}, CPU NUMA {c['cpuNuma']}"
-                if pod in table["deleted"]:  # the usage at the end is no longer its own
-                    result = "aligned" if c["aligned"] else f"NOT aligned ({numa})"
-                else:
-                    result = overcommit.fallback_result(
-                        c["aligned"], _overcommits(report, pod["node"], c["gpus"]), numa
-                    )
-                notes.append(
-                    f"  {key} {c['name']}: refit {c['refit']}; best-effort kept kubelet's choice "
-                    f"{','.join(c['gpus'])} and accounting followed it: {result}"
-                )
-            elif _fell_back(c["refit"]):
-                notes.append(f"  {key} {c['name']}: refit {c['refit']}; the pod failed admission")
-            elif c["refit"] == "strict_failed":
-                notes.append(f"  {key} {c['name']}: strict refit failed, the pod failed admission")
-            elif before and c["gpus"] and set(before) != set(c["gpus"]):
-                notes.append(
-                    f"  {key} {c['name']}: no refit (not opted in); kubelet gave "
-                    f"{','.join(c['gpus'])} instead of {','.join(before)} and accounting followed "
-                    "what runs"
-                )
+            note = _container_note(report, pod, c, reserved.get(c["name"]) or [])
+            if note is not None:
+                notes.append(f"  {key} {c['name']}: {note}")
         if pod in table["deleted"]:
             notes.append(f"  {key}: deleted afterwards; its GPU share was released and reused")
         elif pod["phase"] != "Running" and pod["reason"]:
             message = table["messages"].get(key, "")
             notes.append(f"  {key}: {pod['phase']} ({pod['reason']}) {message}".rstrip())
-    if notes:
-        out.write("\nWhat happened:\n" + "\n".join(notes) + "\n")
+    return notes
 
-    out.write("\nGPU usage (phase-aware, as accounting counts it):\n")
-    usage_rows = [("NODE", "GPU", "NUMA", "SLOTS", "MEMORY MiB", "CORES %", "")]
-    for node, gpus in table["gpus"].items():
+
+def _container_note(
+    report: dict[str, Any], pod: dict[str, Any], c: dict[str, Any], before: list[str]
+) -> str | None:
+    """The story of one container's GPUs (None when there is nothing to tell)."""
+    if c["refit"] == "moved":
+        pinned = (
+            f"pinned its CPUs to NUMA {c['cpuNuma']} and offered only that node's GPUs"
+            if c["cpuNuma"] is not None
+            else "pinned no CPUs (not a Guaranteed pod) and offered only NUMA "
+            f"{_numa_text(c)}'s GPUs"
+        )
+        return (
+            f"the scheduler reserved {','.join(before)}; kubelet "
+            f"{pinned}, so the refit moved the reservation to {','.join(c['ledgerGpus'])}"
+        )
+    if c["refit"] == "reused" and c["gpus"]:
+        moved = (
+            f"; the reservation followed from {','.join(before)}"
+            if before and set(before) != set(c["gpus"])
+            else ""
+        )
+        return (
+            f"kubelet gave it its init container's "
+            f"{','.join(c['gpus'])} without asking the plugin (device reuse){moved}"
+        )
+    if _fell_back(c["refit"]) and c["gpus"]:
+        return _fallback_note(report, pod, c)
+    if _fell_back(c["refit"]):
+        return f"refit {c['refit']}; the pod failed admission"
+    if c["refit"] == "strict_failed":
+        return "strict refit failed, the pod failed admission"
+    if before and c["gpus"] and set(before) != set(c["gpus"]):
+        return (
+            f"no refit (not opted in); kubelet gave "
+            f"{','.join(c['gpus'])} instead of {','.join(before)} and accounting followed "
+            "what runs"
+        )
+    return None
+
+
+def _fallback_note(report: dict[str, Any], pod: dict[str, Any], c: dict[str, Any]) -> str:
+    """A best-effort container left on kubelet's GPUs: aligned or not, overcommitted or not."""
+    numa = f"GPU NUMA {','.join(str(n) for n in c['gpuNuma'])}, CPU NUMA {c['cpuNuma']}"
+    if pod in report["_table"]["deleted"]:  # the usage at the end is no longer its own
+        result = "aligned" if c["aligned"] else f"NOT aligned ({numa})"
+    else:
+        result = overcommit.fallback_result(
+            c["aligned"], _overcommits(report, pod["node"], c["gpus"]), numa
+        )
+    return (
+        f"refit {c['refit']}; best-effort kept kubelet's choice "
+        f"{','.join(c['gpus'])} and accounting followed it: {result}"
+    )
+
+
+def _usage_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Each GPU's usage at the end, with the cause of any overcommit."""
+    causes = _overcommit_causes(report)
+    usage_rows: list[tuple[str, ...]] = [
+        ("NODE", "GPU", "NUMA", "SLOTS", "MEMORY MiB", "CORES %", "")
+    ]
+    for node, gpus in report["_table"]["gpus"].items():
         used = report["devices"].get(node, {})
         for g in gpus:
             u = used.get(g["uuid"], {"used": 0, "usedmem": 0, "usedcores": 0})
@@ -325,7 +356,7 @@ def _render_run(report: dict[str, Any], out: TextIO) -> None:
                     _overcommit_note(causes.get((node, g["uuid"]), {})) if over else "",
                 )
             )
-    _print_rows(usage_rows, out)
+    return usage_rows
 
 
 def _numa_text(container: dict[str, Any]) -> str:

@@ -325,7 +325,7 @@ def test_an_applied_update_carries_the_nodes_lock() -> None:
 
 def test_locked_nodes_leave_out_the_holder_and_expired_locks() -> None:
     from shared.core.lock import NODE_LOCK_EXPIRY_SECONDS, Lock
-    from svc_scheduler.extender import locked_nodes
+    from svc_scheduler.extender_place import locked_nodes
 
     snapshot = view(1).snapshot
     views = {

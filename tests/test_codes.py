@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
-REFUSING_CALLS = {"Refused", "SnapshotRefused", "_refusal", "_from_accounting"}
+REFUSING_CALLS = {"Refused", "SnapshotRefused", "_refusal", "from_accounting"}
 """Calls whose first argument is a reply code (svc_accounting, svc_refit)."""
 
 
@@ -56,45 +56,66 @@ def codes_in_sources() -> dict[str, str]:
         tree = ast.parse(path.read_text(), str(path))
         where = str(path.relative_to(ROOT))
         for node in ast.walk(tree):
-            values: list[str] = []
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-                if name in REFUSING_CALLS and node.args:
-                    first = node.args[0]
-                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                        values.append(first.value)
-            elif isinstance(node, ast.Dict):
-                for key, value in zip(node.keys, node.values, strict=True):
-                    if (
-                        isinstance(key, ast.Constant)
-                        and key.value == "code"
-                        and isinstance(value, ast.Constant)
-                        and isinstance(value.value, str)
-                    ):
-                        values.append(value.value)
-            elif isinstance(node, ast.Compare):
-                sides = [node.left, *node.comparators]
-                if any(_is_code_expression(side) for side in sides):
-                    for side in sides:
-                        if not _is_code_expression(side):
-                            values.extend(_strings(side))
-            elif isinstance(node, ast.Assign):
-                if any(isinstance(t, ast.Name) and t.id == "RETRY_CODES" for t in node.targets):
-                    values.extend(_strings(node.value))
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "Code"
-                and node.attr.isupper()
-            ):
-                # `Code.NO_FIT` (shared.codes or the core's): its value, or the name itself
-                # when no member has it.
-                member = Code.__members__.get(node.attr)
-                values.append(member.value if member is not None else f"Code.{node.attr}")
-            for text in values:
+            for text in _codes_at(node):
                 found.setdefault(text, f"{where}:{getattr(node, 'lineno', '?')}")
     return found
+
+
+def _codes_at(node: ast.AST) -> list[str]:
+    """The reply codes one syntax node names (most name none)."""
+    if isinstance(node, ast.Call):
+        return _refusal_codes(node)
+    if isinstance(node, ast.Dict):
+        return _code_literals(node)
+    if isinstance(node, ast.Compare):
+        return _compared_codes(node)
+    if isinstance(node, ast.Assign):
+        if any(isinstance(t, ast.Name) and t.id == "RETRY_CODES" for t in node.targets):
+            return list(_strings(node.value))
+        return []
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Code"
+        and node.attr.isupper()
+    ):
+        # `Code.NO_FIT` (shared.codes or the core's): its value, or the name itself when no
+        # member has it.
+        member = Code.__members__.get(node.attr)
+        return [member.value if member is not None else f"Code.{node.attr}"]
+    return []
+
+
+def _refusal_codes(call: ast.Call) -> list[str]:
+    """A string first argument of a refusing call."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if name not in REFUSING_CALLS or not call.args:
+        return []
+    first = call.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return [first.value]
+    return []
+
+
+def _code_literals(node: ast.Dict) -> list[str]:
+    """The string values of `"code"` keys."""
+    return [
+        value.value
+        for key, value in zip(node.keys, node.values, strict=True)
+        if isinstance(key, ast.Constant)
+        and key.value == "code"
+        and isinstance(value, ast.Constant)
+        and isinstance(value.value, str)
+    ]
+
+
+def _compared_codes(node: ast.Compare) -> list[str]:
+    """The strings a code expression is compared with."""
+    sides = [node.left, *node.comparators]
+    if not any(_is_code_expression(side) for side in sides):
+        return []
+    return [text for side in sides if not _is_code_expression(side) for text in _strings(side)]
 
 
 def test_every_code_the_services_send_is_a_member() -> None:

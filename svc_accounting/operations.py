@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import weakref
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Final, TypedDict
 
 import msgspec
 
@@ -38,7 +35,6 @@ from shared.core import codec, keys
 from shared.core.commit_check import check_commit
 from shared.core.consume import ConsumeError, ConsumePlan, consumed_entry, plan_consume
 from shared.core.errors import CoreError
-from shared.core.pods import PodInfo, pod_from_object
 from shared.messages import (
     AccountingReply,
     AccountingRequest,
@@ -63,24 +59,31 @@ from shared.messages import (
     TrackedPodWire,
 )
 from shared.service import kube_io
-from shared.service.lifecycle import Deadline
 from shared.subjects import InvalidName, shown
-from svc_accounting.intents import IntentUnavailable, intent_for
 from svc_accounting.ledger import Ledger, NodeLedger, allocating_pod, pending_pod
+from svc_accounting.pod_writes import DEFAULT_WRITE_TIMEOUT, PodWrites
+from svc_accounting.replies import (
+    Call,
+    Outcome,
+    ReadTooLate,
+    Refused,
+    bounded,
+    deadline_of,
+    refuse_late,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+    from collections.abc import AsyncIterator, Callable
 
     from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry, ContainerKind
+    from shared.core.pods import PodInfo
     from shared.service.kube_io import Kube
-    from svc_accounting.intents import IntentLog, Recorded, WriteIntent
+    from shared.service.lifecycle import Deadline
     from svc_accounting.unbound import UnboundPods
 
 log = logging.getLogger("numafit.accounting")
 
-DEFAULT_WRITE_TIMEOUT = 2.0
-"""Longest any single API write may take (HAMi bounds its refit patch the same way)."""
 DEFAULT_RESERVATION_TTL = 30.0
 """Seconds a filter's reservation is held without a bind (kube-scheduler binds within
 milliseconds of its filter, or seconds behind a Permit plugin; a lost bind must not hold GPUs
@@ -88,27 +91,6 @@ for long)."""
 SNAPSHOT_PAGE = 200
 SNAPSHOT_PAGE_MAX = 500
 """Nodes per `_all` snapshot page: 200 nodes of 8 GPUs and no pods is about 300 KiB."""
-SEEN_WAIT = 0.2
-"""Longest a write waits for the watch to show the pod accounting's Binding just wrote (its
-resourceVersion, which the Binding's answer does not carry): the event usually comes within
-milliseconds, and a write guarded by the version before would only conflict."""
-MIN_WRITE_BUDGET = 0.02
-"""Below this remaining budget a write is not attempted: it could only land after the caller
-gave up (HAMi's post-timeout commit race, closed by construction)."""
-SETTLE_SHARE = 0.25
-SETTLE_ROOM = 0.25
-"""A write that can be settled (move, bind-phase) leaves this share of the caller's remaining
-budget, at most SETTLE_ROOM seconds, for settling it when its answer does not come: a fence
-that lands at once gets its answer home in time."""
-SETTLE_BACKOFF = 0.05
-SETTLE_BACKOFF_MAX = 1.0
-SETTLE_WARN_AFTER = 5.0
-"""Seconds between warnings while a write cannot be settled (the API server is away)."""
-MAX_REAPPLY = 5
-"""Re-reads after a 409 on consume or bind-phase, at most (the caller's deadline usually ends
-the loop first)."""
-MAX_ERROR_LENGTH = 300
-"""Error texts in replies (and log lines) are cut to this many characters."""
 NO_WRITE_OPS = frozenset({"pending", "snapshot"})
 """Operations that change nothing: served without the node's lock."""
 HOLD_OPS = frozenset({"reserve"})
@@ -122,30 +104,6 @@ CAPACITY_OPS = frozenset({*HOLD_OPS, "move", "register"})
 UNLOCKED_NODE_OPS = frozenset({*NO_WRITE_OPS, "register"})
 """Operations allowed on a node the ledger does not know (reads answer empty; register's
 Node object is what brings a node in)."""
-
-
-_DEADLINE: ContextVar[Deadline | None] = ContextVar("numafit_accounting_deadline", default=None)
-"""The current request's deadline (each request runs in its own task, with its own context)."""
-_OBSERVED: ContextVar[set[str] | None] = ContextVar("numafit_accounting_observed", default=None)
-_NODE: ContextVar[str] = ContextVar("numafit_accounting_node", default="")
-"""The node the current request is for (its writes are allowed only while this replica owns
-the node's partition)."""
-"""Nodes whose ledger changed while serving the current request (writes and re-reads)."""
-
-P = TypeVar("P")
-
-
-class _PodRef(Protocol):
-    """What settling a write needs of its pod (a PodInfo, or a recorded WriteIntent)."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
-    @property
-    def key(self) -> str: ...
 
 
 class _Addressed(msgspec.Struct, frozen=True):
@@ -169,60 +127,6 @@ class _Head(TypedDict):
     revision: int | None
 
 
-def bounded(message: str, limit: int = MAX_ERROR_LENGTH) -> str:
-    return message if len(message) <= limit else message[: limit - 3] + "..."
-
-
-class Refused(Exception):
-    """An operation refused with a DESIGN.md code (`fit_reasons`, HAMi's reason names with
-    counts, go into a reserve or move reply)."""
-
-    def __init__(
-        self, code: Code, message: str, *, fit_reasons: Mapping[str, int] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.fit_reasons = fit_reasons
-
-
-class ReadTooLate(Exception):
-    """The request's deadline had passed before it was read: its caller gave up on it, and
-    another replica may have answered it while this one was paused, so it gets no answer."""
-
-
-class Unanswerable(Exception):
-    """Nothing true can be said any more: this replica lost the node's partition while it
-    settled a write (it was paused), and the pod changed meanwhile, so whether its write
-    landed before that is not known here. No answer (the caller's deadline has long passed);
-    the next owner's ledger, built from the API server, has what landed."""
-
-
-class _Stale(Exception):
-    """409: the pod changed since the resourceVersion the write was based on."""
-
-
-@dataclass
-class Outcome:
-    reply: AccountingReply
-    changed: set[str]
-
-    @property
-    def code(self) -> Code:
-        return Code(self.reply.code)
-
-
-def _everything(_: str) -> bool:
-    return True
-
-
-def _binding_annotations(annotations: Mapping[str, str | None]) -> dict[str, str] | None:
-    """The annotations a Binding can carry for this write, or None when it cannot: the API
-    server merges a Binding's annotations over the pod's, so it sets values but removes none."""
-    if any(value is None for value in annotations.values()):
-        return None
-    return {key: value for key, value in annotations.items() if value is not None}
-
-
 def _holds_reservation(pod: PodInfo, node: str, allocated: str) -> bool:
     """Does the pod already carry exactly this reservation, not yet bound?"""
     annotations = pod.annotations
@@ -241,31 +145,11 @@ def _pending_entry(tracked: TrackedPod, index: int) -> ContainerEntry | None:
     return rows[index] if rows is not None and 0 <= index < len(rows) else None
 
 
-def deadline_of(request: AccountingRequest, received: float | None) -> Deadline | None:
-    """The request's deadline on this replica's monotonic clock: the earlier of `deadlineMs`
-    counted from when the request was received (not from when it is served: a request kept
-    through a takeover has less time left) and `deadlineAtMs`, the caller's absolute deadline
-    (which also covers the time the request spent unread, in a paused process's socket)."""
-    now = time.monotonic()
-    found: list[float] = []
-    if request.deadline_ms is not None:
-        found.append((now if received is None else received) + request.deadline_ms / 1000.0)
-    if request.deadline_at_ms is not None:
-        found.append(now + request.deadline_at_ms / 1000.0 - time.time())
-    return Deadline(min(found)) if found else None
-
-
-def _refuse_late(deadline: Deadline, op: str) -> NoReturn:
-    """A request whose deadline has passed changes nothing: its caller gave up on it."""
-    late = time.monotonic() - deadline.at
-    raise Refused(
-        Code.DEADLINE_EXCEEDED,
-        f"the {op} request reached its deadline before it was served ({late * 1000:.0f} ms "
-        "late: a paused replica, a takeover, or clocks apart); nothing was done",
-    )
-
-
 class Operations:
+    """The seven operations on one replica's ledger: each request decoded, checked, served
+    under its node's locks (HOLD_OPS, CAPACITY_OPS) and answered; the pods' API side is
+    `writes` (svc_accounting/pod_writes.py)."""
+
     def __init__(
         self,
         ledger: Ledger,
@@ -277,43 +161,24 @@ class Operations:
         unbound: UnboundPods | None = None,
     ) -> None:
         self.ledger = ledger
-        self.kube = kube
-        self.unbound = unbound
-        """Unbound GPU pods as the pod watch shows them: a reserve reads its pod there."""
-        self.write_timeout = write_timeout
+        self.writes = PodWrites(ledger, kube, write_timeout=write_timeout, unbound=unbound)
         self.reservation_ttl = reservation_ttl
         """Seconds a held reservation waits for its bind before it is released."""
         self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        """One lock per node while anyone holds or waits for it: the map never keeps a lock
+        nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.capacity_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
         self.binding: set[str] = set()
         """Pods whose bind-phase write is under way, by UID: a reserve of one waits its turn."""
-        """One lock per node while anyone holds or waits for it: the map never keeps a lock
-        nobody uses, so neither made-up nor deleted nodes leave one behind."""
         self.on_drift = on_drift
-        self.serves: Callable[[str], bool] = _everything
-        """Partitioned accounting: does this replica answer for (and write for) the node now?"""
-        self.replica: str | None = None
         self.served_partitions: Callable[[], tuple[int, ...]] | None = None
-        self.settling: set[str] = set()
-        """Pods with a write being settled (`_settle`), by UID: a read of the pod waits for
-        the outcome instead of answering what may not stay true."""
-        self.on_settled: Callable[[str], None] | None = None
-        """Told how each write whose answer did not come was settled (a metric)."""
         self.on_late: Callable[[], None] | None = None
         """Told of each request refused because its deadline had passed (a metric)."""
-        self._seen: dict[str, asyncio.Event] = {}
-        """Writes waiting for the event of a pod accounting's Binding wrote (`_current`)."""
-        self.seen_wait = SEEN_WAIT
-        ledger.on_seen = self._on_seen
         self.on_timing: Callable[[str, str, float], None] | None = None
         """Told how long each step took (a metric): (`node_wait`, op, seconds) for the wait for
-        the node's lock, (`write`, patch|binding, seconds) for each API write, (`operation`,
-        op, seconds) from a request's arrival to its answer."""
-        self.intents: IntentLog | None = None
-        """Partitioned accounting: where each claim-carrying write's intent is recorded before
-        it is sent, for the partition's next owner to settle (svc_accounting/intents.py)."""
+        the node's lock, (`operation`, op, seconds) from a request's arrival to its answer."""
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -358,7 +223,7 @@ class Operations:
         try:
             if deadline is not None and deadline.expired:
                 self._late()
-                _refuse_late(deadline, op)
+                refuse_late(deadline, op)
             yield
         finally:
             lock.release()
@@ -386,428 +251,6 @@ class Operations:
         if node is None:
             raise Refused(Code.NODE_UNAVAILABLE, f"node {name} is not known to accounting")
         return node
-
-    def _budget(self, settle: bool = False) -> float:
-        """Seconds the next API call may take: what is left of the caller's deadline (anchored
-        when the request arrived), at most the cap; with `settle`, less the time kept for
-        settling the write should its answer not come. Refuses when too little is left for a
-        call to land before the caller gives up."""
-        deadline = _DEADLINE.get()
-        if deadline is None:
-            return self.write_timeout
-        remaining = deadline.remaining()
-        if settle:
-            remaining -= min(remaining * SETTLE_SHARE, SETTLE_ROOM)
-        budget = min(remaining, self.write_timeout)
-        if budget < MIN_WRITE_BUDGET:
-            raise Refused(
-                Code.DEADLINE_EXCEEDED, f"only {int(budget * 1000)} ms of the caller's budget left"
-            )
-        return budget
-
-    def _observe(self, pod: PodInfo) -> set[str]:
-        changed = self.ledger.observe(pod)
-        self._note(changed)
-        return changed
-
-    def _forget(self, uid: str) -> None:
-        self._note(self.ledger.forget(uid))
-
-    @staticmethod
-    def _note(changed: set[str]) -> None:
-        observed = _OBSERVED.get()
-        if observed is not None:
-            observed |= changed
-
-    async def _patch(
-        self,
-        pod: PodInfo,
-        annotations: Mapping[str, str | None],
-        *,
-        settle: bool = False,
-        bind_to: str = "",
-    ) -> tuple[PodInfo, set[str]]:
-        """One guarded write, then the ledger follows what the server returned. A 409 is
-        raised as `_Stale` for the caller to decide what it means. With `settle` (a write that
-        claims capacity), the write's intent is recorded first where the partition's next
-        owner reads it (svc_accounting/intents.py), and a write whose answer does not come in
-        time is settled before anything else happens on the node (`_settle`): the reply then
-        says what became of it. With `bind_to` (a node) and the pod not bound yet, the write is
-        the pod's Binding to that node, carrying the annotations under the same precondition."""
-        pod = await self._current(pod, self._budget(settle))
-        budget = self._budget(settle)
-        node = _NODE.get()
-        if node and not self.serves(node):
-            # The lease on the node's partition is past its renew deadline: another replica may
-            # own it any moment, so nothing is written from here any more.
-            raise Refused(
-                Code.NODE_UNAVAILABLE,
-                f"this accounting replica no longer owns node {node}'s partition; retry",
-            )
-        started = time.monotonic()
-        intent = await self._intend(pod, node, budget) if settle else None
-        try:
-            left = budget - (time.monotonic() - started)
-            if left < MIN_WRITE_BUDGET:
-                raise Refused(
-                    Code.DEADLINE_EXCEEDED,
-                    f"only {int(left * 1000)} ms of the caller's budget left after recording the "
-                    "write's intent; nothing was written",
-                )
-            epoch = self.ledger.epoch_of(node) if node else ""
-            return await self._send(pod, annotations, left, settle, epoch, bind_to)
-        except asyncio.CancelledError:
-            intent = None  # outcome unknown: left for whoever takes the partition over next
-            raise
-        finally:
-            if intent is not None and self.intents is not None:
-                self.intents.clear(intent)
-
-    async def _current(self, pod: PodInfo, budget: float) -> PodInfo:
-        """The version of `pod` to guard a write by. Just after accounting's own Binding the
-        ledger holds the Binding's guard (its answer carried no pod), which would only
-        conflict: the watch's event of the written pod is waited for, briefly, and the write
-        is guarded by it when nothing the write was planned on changed; else by the old one,
-        and its 409 says so (re-read, as for any conflict)."""
-        if self.ledger.unseen.get(pod.uid) != pod.resource_version:
-            return pod
-        event = self._seen.setdefault(pod.uid, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(self.seen_wait, budget / 4)):
-                await event.wait()
-        if not event.is_set():
-            self._seen.pop(pod.uid, None)
-        fresh = self.ledger.tracked(pod.uid)
-        if fresh is None or (fresh.pod.annotations, fresh.pod.node_name) != (
-            pod.annotations,
-            pod.node_name,
-        ):
-            return pod
-        return fresh.pod
-
-    def _on_seen(self, uid: str) -> None:
-        event = self._seen.pop(uid, None)
-        if event is not None:
-            event.set()
-
-    async def _intend(self, pod: PodInfo, node: str, budget: float) -> Recorded | None:
-        """Record the write's intent (partitioned accounting only); its key. Refused with
-        `node_unavailable` when the bucket does not take it: unrecorded, a write that lands
-        late would be invisible to the next owner, so it is not sent."""
-        k = self.ledger.partition(node) if node else None
-        if self.intents is None or k is None:
-            return None
-        try:
-            return await self.intents.record(
-                k,
-                intent_for(
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    node,
-                    pod.resource_version,
-                    self.replica or "accounting",
-                ),
-                budget / 2,
-            )
-        except IntentUnavailable as exc:
-            raise Refused(Code.NODE_UNAVAILABLE, f"{exc}; nothing was written, retry") from exc
-
-    async def _send(
-        self,
-        pod: PodInfo,
-        annotations: Mapping[str, str | None],
-        budget: float,
-        settle: bool,
-        epoch: str,
-        bind_to: str = "",
-    ) -> tuple[PodInfo, set[str]]:
-        carried = _binding_annotations(annotations) if bind_to and not pod.node_name else None
-        sent = time.monotonic()
-        try:
-            async with asyncio.timeout(budget):
-                if carried is not None:
-                    await self.kube.create_binding(
-                        pod.namespace,
-                        pod.name,
-                        pod.uid,
-                        bind_to,
-                        annotations=carried,
-                        resource_version=pod.resource_version,
-                    )
-                    self._timing("write", "binding", time.monotonic() - sent)
-                    bound = dataclasses.replace(
-                        pod, node_name=bind_to, annotations={**pod.annotations, **carried}
-                    )
-                    changed = self.ledger.observe_bound(bound)
-                    self._note(changed)
-                    return bound, changed
-                body = await self.kube.patch_pod_annotations(
-                    pod.namespace, pod.name, annotations, pod.resource_version
-                )
-                self._timing("write", "patch", time.monotonic() - sent)
-        except TimeoutError as exc:
-            if settle:
-                return await self._settle(pod, annotations, budget, epoch)
-            raise Refused(
-                Code.DEADLINE_EXCEEDED, f"patch of pod {pod.key} did not finish in {budget:.3f}s"
-            ) from exc
-        except kube_io.Conflict as exc:
-            raise _Stale(str(exc)) from exc
-        except kube_io.NotFound as exc:
-            self._forget(pod.uid)
-            raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} no longer exists") from exc
-        except kube_io.KubeError as exc:
-            if settle and exc.outcome_unknown:
-                # No answer after the request left (a reset connection, the server's 504):
-                # it may still be committed, so it is settled like a timeout.
-                return await self._settle(pod, annotations, budget, epoch, cause=str(exc))
-            raise Refused(Code.API_ERROR, f"cannot patch pod annotations: {exc}") from exc
-        try:
-            written = pod_from_object(body)
-        except CoreError as exc:
-            raise Refused(
-                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
-            ) from exc
-        return written, self._observe(written)
-
-    async def _settle(
-        self,
-        pod: PodInfo,
-        annotations: Mapping[str, str | None],
-        waited: float,
-        epoch: str,
-        *,
-        cause: str | None = None,
-    ) -> tuple[PodInfo, set[str]]:
-        """A write's answer did not come within `waited` seconds: the API server may still
-        commit it. Its claim must not be dropped while it may land, so it is settled now, with
-        the node's lock held (nothing else is decided on the node meanwhile): a guarded write
-        of accounting's own at the same resourceVersion either lands, and then the late write
-        can never land (its precondition fails), or conflicts, and then a read shows whether
-        the late write landed. Tried until settled (the API server may be down): the caller's
-        deadline has passed, and the answer says what is known."""
-        fence = self._fence()
-        # One write per node at a time (the node's lock), so one settle per pod at a time.
-        self.settling.add(pod.uid)
-        try:
-            fenced = await self._until_answered(
-                pod,
-                lambda: self.kube.patch_pod_annotations(
-                    pod.namespace, pod.name, fence, pod.resource_version
-                ),
-            )
-            if fenced is None:
-                # The fence conflicted: the pod changed after the write was sent. Whether the
-                # write is what landed, a read tells.
-                fresh = await self._until_answered(
-                    pod, lambda: self.kube.get_pod(pod.namespace, pod.name)
-                )
-                if fresh is None:  # pragma: no cover - a read never conflicts
-                    raise AssertionError("a read answered 409")
-                return self._landed_or_not(pod, fresh, annotations, waited, epoch)
-        finally:
-            self.settling.discard(pod.uid)
-        self._observe(fenced)
-        self._settled("fenced")
-        what = f"did not finish in {waited:.3f}s" if cause is None else f"failed ({cause})"
-        raise Refused(
-            Code.DEADLINE_EXCEEDED if cause is None else Code.API_ERROR,
-            bounded(
-                f"patch of pod {pod.key} {what}; fenced at resourceVersion "
-                f"{pod.resource_version}: it did not land and never will"
-            ),
-        )
-
-    async def settle_intent(self, intent: WriteIntent) -> str:
-        """A takeover's first duty for each write the partition's previous owner (or an
-        earlier run) recorded and may not have seen answered: end it. A guarded write of this
-        replica's own at the intent's resourceVersion either lands (the late write can never
-        land now) or conflicts (the pod moved on: the write landed, or another did, and can
-        no longer); the pod as it then is goes into the ledger. Retried until the API server
-        answers (the caller bounds it: the partition is not served meanwhile). The outcome:
-        `fenced`, `superseded` or `gone`."""
-        fence = self._fence()
-        try:
-            fenced = await self._until_answered(
-                intent,
-                lambda: self.kube.patch_pod_annotations(
-                    intent.namespace, intent.name, fence, intent.resource_version
-                ),
-            )
-            if fenced is None:
-                fresh = await self._until_answered(
-                    intent, lambda: self.kube.get_pod(intent.namespace, intent.name)
-                )
-                if fresh is None:  # pragma: no cover - a read never conflicts
-                    raise AssertionError("a read answered 409")
-                self._observe(fresh)
-                self._settled("superseded")
-                return "superseded"
-        except Refused:
-            return "gone"  # deleted or recreated: nothing of it can land
-        self._observe(fenced)
-        self._settled("fenced")
-        return "fenced"
-
-    def _fence(self) -> dict[str, str | None]:
-        """The annotation a fencing write sets (who fenced, when): a write of its own that
-        changes the resourceVersion a late write was guarded on."""
-        return {keys.WRITE_FENCE: f"{self.replica or 'accounting'}:{time.time():.3f}"}
-
-    async def _until_answered(
-        self, pod: _PodRef, call: Callable[[], Awaitable[dict[str, Any]]]
-    ) -> PodInfo | None:
-        """`call` (a write or a read of `pod`) retried with backoff until the API server
-        answers: the pod it returns, None on a 409; a pod deleted or recreated meanwhile is
-        refused (`pod_not_tracked`), its write can no longer land."""
-        backoff = SETTLE_BACKOFF
-        since = time.monotonic()
-        while True:
-            try:
-                async with asyncio.timeout(self.write_timeout):
-                    body = await call()
-                answered = pod_from_object(body)
-            except kube_io.Conflict:
-                return None
-            except kube_io.NotFound as exc:
-                self._forget(pod.uid)
-                self._settled("gone")
-                raise Refused(
-                    Code.POD_NOT_TRACKED, f"pod {pod.key} was deleted; its write cannot land"
-                ) from exc
-            except (TimeoutError, kube_io.KubeError, CoreError) as exc:
-                if time.monotonic() - since > SETTLE_WARN_AFTER:
-                    since = time.monotonic()
-                    log.warning(
-                        "a write whose answer did not come is not settled yet; the node waits",
-                        extra={"pod": pod.key, "error": bounded(repr(exc))},
-                    )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, SETTLE_BACKOFF_MAX)
-                continue
-            if answered.uid != pod.uid:
-                self._forget(pod.uid)
-                self._settled("gone")
-                raise Refused(Code.POD_NOT_TRACKED, f"pod {pod.key} was recreated")
-            return answered
-
-    def _landed_or_not(
-        self,
-        pod: PodInfo,
-        fresh: PodInfo,
-        annotations: Mapping[str, str | None],
-        waited: float,
-        epoch: str,
-    ) -> tuple[PodInfo, set[str]]:
-        """The pod as read after the fence conflicted: did the write land? While this replica
-        kept the node's partition, only its own writes change these annotations (one at a
-        time, under the node's lock), so annotations other than the write's mean it did not
-        land. Once the partition changed hands, another owner may have written over it."""
-        changed = self._observe(fresh)
-        if all(fresh.annotations.get(k) == v for k, v in annotations.items()):
-            self._settled("landed")
-            log.info(
-                "a write whose answer did not come landed",
-                extra={"pod": pod.key, "waited_s": round(waited, 3)},
-            )
-            return fresh, changed
-        node = _NODE.get()
-        if node and (not self.serves(node) or self.ledger.epoch_of(node) != epoch):
-            self._settled("unknown")
-            raise Unanswerable(pod.key)
-        self._settled("changed")
-        raise Refused(
-            Code.CONFLICT,
-            f"patch of pod {pod.key} did not finish in {waited:.3f}s and did not land: "
-            "the pod changed meanwhile",
-        )
-
-    def _settled(self, outcome: str) -> None:
-        if self.on_settled is not None:
-            self.on_settled(outcome)
-
-    async def _patch_pod(
-        self, pod: PodInfo, annotations: Mapping[str, str | None]
-    ) -> tuple[PodInfo, set[str]]:
-        """A write whose decision the caller made (reserve, move): a 409 means that decision
-        rests on a pod that changed, so it is refused with `conflict` after the pod is re-read
-        (the caller's next computation then sees the newer state)."""
-        try:
-            return await self._patch(pod, annotations, settle=True)
-        except _Stale as exc:
-            await self._refresh(pod)
-            raise Refused(Code.CONFLICT, f"cannot patch pod annotations: {exc}") from exc
-
-    async def _write_rereading(
-        self,
-        name: str,
-        tracked: TrackedPod,
-        plan: Callable[[TrackedPod], P],
-        annotations_of: Callable[[P], Mapping[str, str | None]],
-        unchanged: Callable[[TrackedPod, TrackedPod], bool],
-        *,
-        settle: bool = False,
-        bind_to: str = "",
-    ) -> tuple[TrackedPod, P, PodInfo, set[str]]:
-        """Plan and write; on a 409 re-read the pod and, while `unchanged(first, fresh)` holds,
-        plan and write again (bounded by the caller's deadline and MAX_REAPPLY). `bind_to`:
-        as `_patch`'s (a pod found bound meanwhile is written to, not bound again)."""
-        first = current = tracked
-        planned = plan(current)
-        for attempt in range(MAX_REAPPLY + 1):
-            try:
-                written, changed = await self._patch(
-                    current.pod, annotations_of(planned), settle=settle, bind_to=bind_to
-                )
-            except _Stale as exc:
-                fresh = await self._reread(current.pod)
-                if (
-                    fresh is None
-                    or fresh.node != name
-                    or not unchanged(first, fresh)
-                    or attempt == MAX_REAPPLY
-                ):
-                    raise Refused(Code.CONFLICT, f"cannot patch pod annotations: {exc}") from exc
-                current = fresh
-                planned = plan(current)
-                continue
-            return current, planned, written, changed
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-    async def _reread(self, pod: PodInfo) -> TrackedPod | None:
-        """The pod as the API server has it now, applied to the ledger; None when it is gone
-        (or was recreated under the same name). Bounded by the caller's budget."""
-        budget = self._budget()
-        try:
-            async with asyncio.timeout(budget):
-                body = await self.kube.get_pod(pod.namespace, pod.name)
-        except TimeoutError as exc:
-            raise Refused(Code.DEADLINE_EXCEEDED, f"re-reading pod {pod.key} timed out") from exc
-        except kube_io.NotFound:
-            self._forget(pod.uid)
-            return None
-        except kube_io.KubeError as exc:
-            raise Refused(Code.API_ERROR, f"cannot re-read pod {pod.key}: {exc}") from exc
-        try:
-            fresh = pod_from_object(body)
-        except CoreError as exc:
-            raise Refused(
-                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
-            ) from exc
-        if fresh.uid != pod.uid:
-            self._forget(pod.uid)
-            return None
-        self._observe(fresh)
-        return self.ledger.tracked(pod.uid)
-
-    async def _refresh(self, pod: PodInfo) -> None:
-        """Re-read a pod after a conflict, best effort (the watch delivers the newer object
-        anyway when there is no time left)."""
-        try:
-            await self._reread(pod)
-        except Refused as exc:
-            log.warning("pod refresh failed", extra={"pod": pod.key, "error": bounded(str(exc))})
 
     def _check_epoch(self, name: str, epoch: str | None) -> None:
         """Fencing: a decision computed on a view of another epoch (another replica's
@@ -878,7 +321,7 @@ class Operations:
 
     # --- operations -------------------------------------------------------------------------
 
-    async def reserve(self, name: str, r: ReserveRequest) -> Outcome:
+    async def reserve(self, call: Call, name: str, r: ReserveRequest) -> Outcome:
         """Hold the scheduler's decision (in place of any earlier reservation of the pod): the
         ledger counts it and publishes it at once; the pod is written only at bind, when
         bind-phase `allocating` writes vgpu-node, vgpu-time and both allocation annotations
@@ -917,8 +360,8 @@ class Operations:
                 raise Refused(
                     Code.INVALID_REQUEST, f"{label} {shown(text)} is not a Kubernetes name"
                 )
-        pod = self._watched_unbound(uid, namespace, pod_name) or await self._read_pod(
-            namespace, pod_name
+        pod = self.writes.watched_unbound(uid, namespace, pod_name) or await self.writes.read_pod(
+            call, namespace, pod_name
         )
         if pod.uid != uid:
             raise Refused(Code.POD_MISMATCH, f"pod {pod.key} has uid {pod.uid}, not {shown(uid)}")
@@ -943,7 +386,7 @@ class Operations:
             # The same decision again (kube-scheduler retrying a pod): only its time-to-live
             # is renewed; nothing is published and nothing is written.
             self.ledger.renew(uid, expires)
-            self._observe(pod)
+            self.writes.observe(call, pod)
             reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
             return Outcome(reply, set())
         if _holds_reservation(pod, name, value):
@@ -956,38 +399,12 @@ class Operations:
         # The decision is held in the ledger (published to every reader, so the next filter
         # sees it) without writing the pod: a write would bump its resourceVersion, which sends
         # the pod straight back into kube-scheduler's active queue. The bind writes it.
-        self._observe(pod)  # a newer object first (its changes are published too)
+        self.writes.observe(call, pod)  # a newer object first (its changes are published too)
         changed = self.ledger.hold(pod, name, value, int(now), expires)
         reply = ReserveReply(**self._ok(node), pod_resource_version=pod.resource_version)
         return Outcome(reply, changed | {name})
 
-    def _watched_unbound(self, uid: str, namespace: str, name: str) -> PodInfo | None:
-        """The pod as the watch last showed it, unbound, when accounting knows no newer
-        version (its own writes, a held reservation's pod); None: read it from the API."""
-        if self.unbound is None:
-            return None
-        tracked = self.ledger.tracked(uid)
-        hold = self.ledger.held.get(uid)
-        known = [p.pod.resource_version for p in (tracked, hold) if p is not None]
-        return self.unbound.get(uid, namespace, name, known=known)
-
-    async def _read_pod(self, namespace: str, name: str) -> PodInfo:
-        budget = self._budget()
-        try:
-            async with asyncio.timeout(budget):
-                return pod_from_object(await self.kube.get_pod(namespace, name))
-        except TimeoutError as exc:
-            raise Refused(Code.DEADLINE_EXCEEDED, f"reading pod {namespace}/{name}") from exc
-        except kube_io.NotFound as exc:
-            raise Refused(Code.POD_NOT_TRACKED, f"pod {namespace}/{name} does not exist") from exc
-        except kube_io.KubeError as exc:
-            raise Refused(Code.API_ERROR, str(exc)) from exc
-        except CoreError as exc:
-            raise Refused(
-                Code.API_ERROR, f"the API server returned an unusable pod: {exc}"
-            ) from exc
-
-    async def bind_phase(self, name: str, r: BindPhaseRequest) -> Outcome:
+    async def bind_phase(self, call: Call, name: str, r: BindPhaseRequest) -> Outcome:
         node = self._known(name)
         tracked = self._tracked_here(node, r.pod_uid)
         named = (r.pod_namespace, r.pod_name)
@@ -1013,7 +430,7 @@ class Operations:
                 )
             # `failed` before the reservation was written: nothing to write, drop the hold.
             changed = self.ledger.release(r.pod_uid)
-            self._note(changed)
+            call.note(changed)
             reply = BindPhaseReply(
                 **self._ok(self.ledger.get(name)), pod_resource_version=hold.pod.resource_version
             )
@@ -1056,8 +473,8 @@ class Operations:
         # the bind was given up (it would lock the node for a pod that is not bound there).
         self.binding.add(r.pod_uid)
         try:
-            guarded, _, written, changed = await self._write_rereading(
-                name, tracked, plan, lambda a: a, unchanged, settle=True, bind_to=bind_to
+            guarded, _, written, changed = await self.writes.write_rereading(
+                call, name, tracked, plan, lambda a: a, unchanged, settle=True, bind_to=bind_to
             )
         finally:
             self.binding.discard(r.pod_uid)
@@ -1070,7 +487,7 @@ class Operations:
         )
         return Outcome(reply, changed)
 
-    async def move(self, name: str, r: MoveRequest) -> Outcome:
+    async def move(self, call: Call, name: str, r: MoveRequest) -> Outcome:
         """The refit's commit: both annotation values, computed at `revision` (or, when the
         node moved on meanwhile, on the pod at `podResourceVersion`, unchanged since)."""
         node = self._known(name)
@@ -1130,13 +547,13 @@ class Operations:
             tracked.pod.namespace,
             f"moving container {index} of pod {tracked.pod.key}",
         )
-        written, changed = await self._patch_pod(
-            tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
+        written, changed = await self.writes.patch_pod(
+            call, tracked.pod, {keys.TO_ALLOCATE: new_pending, keys.ALLOCATED: new_allocated}
         )
         reply = MoveReply(**self._ok(node), pod_resource_version=written.resource_version)
         return Outcome(reply, changed)
 
-    async def consume(self, name: str, r: ConsumeRequest) -> Outcome:
+    async def consume(self, call: Call, name: str, r: ConsumeRequest) -> Outcome:
         node = self._known(name)
         uid = r.pod_uid
         tracked = self._tracked_here(node, uid) if uid else pending_pod(node)
@@ -1169,7 +586,8 @@ class Operations:
             entry = _pending_entry(before, index)
             return bool(entry) and _pending_entry(after, index) == entry
 
-        tracked, consumed, _, changed = await self._write_rereading(
+        tracked, consumed, _, changed = await self.writes.write_rereading(
+            call,
             name,
             tracked,
             lambda current: plan(current, index),
@@ -1212,7 +630,7 @@ class Operations:
             bind_phase=phase,
         )
 
-    async def pending(self, name: str, r: PendingRequest) -> Outcome:
+    async def pending(self, call: Call, name: str, r: PendingRequest) -> Outcome:
         node = self.ledger.get(name)
         tracked = None if node is None else pending_pod(node)
         head = self._ok(node)
@@ -1220,14 +638,14 @@ class Operations:
         pod = None if tracked is None else PendingPod.from_tracked(tracked)
         return Outcome(PendingReply(**head, pod=pod), set())
 
-    async def snapshot(self, name: str, r: SnapshotRequest) -> Outcome:
+    async def snapshot(self, call: Call, name: str, r: SnapshotRequest) -> Outcome:
         more: bool | None = None
         after: str | None = None
         if name == subjects.ALL_NODES:
             # Paged by node name: a whole cluster does not fit one NATS message (1 MiB).
             after = r.after or ""
             limit = min(r.limit or SNAPSHOT_PAGE, SNAPSHOT_PAGE_MAX)
-            names = sorted(n for n in self.ledger.nodes if n > after and self.serves(n))
+            names = sorted(n for n in self.ledger.nodes if n > after and self.writes.serves(n))
             page = names[:limit]
             nodes = [self.ledger.nodes[n] for n in page]
             head = self._ok(None)
@@ -1253,13 +671,13 @@ class Operations:
             ),
             pod=pod,
             quota=QuotaWire.from_ledger(self.ledger.quota, r.namespace) if r.namespace else None,
-            replica=self.replica if partitioned else None,
+            replica=self.writes.replica if partitioned else None,
             partitions=self.served_partitions() if partitioned and self.served_partitions else None,
             partition_count=self.ledger.partition_count if partitioned else None,
         )
         return Outcome(reply, set())
 
-    async def register(self, name: str, r: RegisterRequest) -> Outcome:
+    async def register(self, call: Call, name: str, r: RegisterRequest) -> Outcome:
         """Write the node's GPU inventory as HAMi's register annotation. The Node object the
         API server returns is what enters the ledger (a node not seen yet included)."""
         try:
@@ -1267,10 +685,14 @@ class Operations:
         except MessageError as exc:
             raise Refused(Code.INVALID_REQUEST, str(exc)) from exc
         value = codec.encode_register(devices)
-        budget = self._budget()
+        budget = self.writes.budget(
+            call,
+        )
         try:
             async with asyncio.timeout(budget):
-                body = await self.kube.patch_node_annotations(name, {keys.NODE_REGISTER: value})
+                body = await self.writes.kube.patch_node_annotations(
+                    name, {keys.NODE_REGISTER: value}
+                )
         except TimeoutError as exc:
             raise Refused(Code.DEADLINE_EXCEEDED, f"patch of node {name} timed out") from exc
         except kube_io.NotFound as exc:
@@ -1308,9 +730,7 @@ class Operations:
         kinds = messages.OPS.get(op)
         reply_kind = AccountingReply if kinds is None else kinds[1]
         name = ""
-        observed: set[str] = set()
-        _OBSERVED.set(observed)
-        _DEADLINE.set(None)
+        call = Call()  # its node and deadline are known once the request is read
         try:
             if kinds is None:
                 raise Refused(Code.INVALID_REQUEST, f"unknown operation {shown(op)}")
@@ -1343,14 +763,15 @@ class Operations:
                 # the caller's to hear about: it is refused below, with an answer.
                 self._late()
                 raise ReadTooLate(op)
-            _DEADLINE.set(deadline)
+            call.node = "" if name == subjects.ALL_NODES else name
+            call.deadline = deadline
             if op in NO_WRITE_OPS:
-                if isinstance(request, SnapshotRequest) and request.pod_uid in self.settling:
+                if isinstance(request, SnapshotRequest) and request.pod_uid in self.writes.settling:
                     # Its write is being settled: answer what it settles to, not the state
                     # before it (which the late write could still change).
                     async with self._locked(name, deadline, op):
                         pass
-                return await self._run(name, request)
+                return await self._run(call, name, request)
             async with contextlib.AsyncExitStack() as held:
                 if op not in HOLD_OPS:
                     await held.enter_async_context(self._locked(name, deadline, op))
@@ -1358,21 +779,21 @@ class Operations:
                     await held.enter_async_context(self._locked(name, deadline, op, capacity=True))
                 if op != "register":
                     self._known(name)  # it may have been deleted while this request waited
-                if not self.serves(name):
+                if not self.writes.serves(name):
                     # The partition was handed over (or its lease ran out) while this request
                     # waited for the node: its new owner decides, not this replica.
                     raise Refused(
                         Code.NODE_UNAVAILABLE,
                         f"this accounting replica no longer owns node {name}'s partition; retry",
                     )
-                outcome = await self._run(name, request)
-            outcome.changed |= observed
+                outcome = await self._run(call, name, request)
+            outcome.changed |= call.observed
             return outcome
         except Refused as exc:
-            return Outcome(self._refusal(reply_kind, exc, name), set(observed))
+            return Outcome(self._refusal(reply_kind, exc, name), set(call.observed))
         except MessageError as exc:
             refused = Refused(Code.INVALID_REQUEST, str(exc))
-            return Outcome(self._refusal(reply_kind, refused, name), set(observed))
+            return Outcome(self._refusal(reply_kind, refused, name), set(call.observed))
 
     @staticmethod
     def _node_name(op: str, node_token: str, node: object, what: str) -> str:
@@ -1404,23 +825,22 @@ class Operations:
         if op not in UNLOCKED_NODE_OPS:
             self._known(name)
 
-    async def _run(self, name: str, request: AccountingRequest) -> Outcome:
-        _NODE.set("" if name == subjects.ALL_NODES else name)
+    async def _run(self, call: Call, name: str, request: AccountingRequest) -> Outcome:
         match request:
             case ReserveRequest():
-                return await self.reserve(name, request)
+                return await self.reserve(call, name, request)
             case BindPhaseRequest():
-                return await self.bind_phase(name, request)
+                return await self.bind_phase(call, name, request)
             case MoveRequest():
-                return await self.move(name, request)
+                return await self.move(call, name, request)
             case ConsumeRequest():
-                return await self.consume(name, request)
+                return await self.consume(call, name, request)
             case PendingRequest():
-                return await self.pending(name, request)
+                return await self.pending(call, name, request)
             case SnapshotRequest():
-                return await self.snapshot(name, request)
+                return await self.snapshot(call, name, request)
             case RegisterRequest():
-                return await self.register(name, request)
+                return await self.register(call, name, request)
         raise AssertionError(f"no handler for {type(request).__name__}")
 
     def _refusal(self, kind: type[AccountingReply], refused: Refused, name: str) -> AccountingReply:

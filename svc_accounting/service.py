@@ -44,13 +44,9 @@ from svc_accounting.intents import IntentLog
 from svc_accounting.leases import Leases, OwnershipChange
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
-from svc_accounting.operations import (
-    Operations,
-    ReadTooLate,
-    Unanswerable,
-    bounded,
-)
+from svc_accounting.operations import Operations
 from svc_accounting.ownership import Admission, Ownership
+from svc_accounting.replies import ReadTooLate, Unanswerable, bounded
 from svc_accounting.routes import Routes
 from svc_accounting.settings import AccountingOptions as AccountingOptions  # re-exported
 from svc_accounting.unbound import UnboundPods
@@ -164,7 +160,7 @@ class AccountingService:
             )
             self.ledger.partition_count = options.partitions
             self.metrics.partitions_total.set(options.partitions)
-            self.ops.intents = IntentLog(
+            self.ops.writes.intents = IntentLog(
                 nc, bucket=options.lease_bucket, timeout=self.leases.kv_timeout
             )
         self.ownership = Ownership(self.leases)
@@ -175,11 +171,13 @@ class AccountingService:
             drain = min(drain, self.leases.renew_every / 2)
         self.routes = Routes(nc, self._deliver, partitions=options.partitions, timeout=drain)
         """This replica's subscriptions: the slots of what it serves, nothing else."""
-        self.ops.serves = self.ownership.serves
-        self.ops.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
+        writes = self.ops.writes
+        writes.serves = self.ownership.serves
+        writes.on_settled = lambda outcome: self.metrics.unknown_writes.labels(outcome).inc()
+        writes.on_timing = self.metrics.timing
+        writes.replica = self.replica
         self.ops.on_late = self.metrics.late_requests.inc
         self.ops.on_timing = self.metrics.timing
-        self.ops.replica = self.replica
         self.ops.served_partitions = self.ownership.served if options.partitions else None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -198,8 +196,8 @@ class AccountingService:
         if self.leases is not None:
             # Take what nobody holds, bring it up to date, then subscribe to it (`_subscribe`).
             await self.leases.open()
-            if self.ops.intents is not None:
-                await self.ops.intents.open()
+            if self.ops.writes.intents is not None:
+                await self.ops.writes.intents.open()
             await self.leases.first_round()
         # The service carries no endpoint (its subscriptions follow ownership, and nats.micro
         # cannot remove an endpoint): it is how instances find each other (`_check_peers`).
@@ -248,8 +246,8 @@ class AccountingService:
         service, self._service = self._service, None
         await natsconn.stop_service(self.nc, service)
         await self.supervisor.stop(grace)
-        if self.ops.intents is not None:
-            await self.ops.intents.settle_all()
+        if self.ops.writes.intents is not None:
+            await self.ops.writes.intents.settle_all()
 
     async def on_reconnect(self) -> None:
         """Readers may have missed updates while the connection was down: republish all."""
@@ -305,13 +303,13 @@ class AccountingService:
         then shows what the API server will keep. Bounded: an API server that does not answer
         fails the takeover (the partitions are handed back and taken again next round)
         instead of serving a partition with writes of unknown outcome."""
-        intents = self.ops.intents
+        intents = self.ops.writes.intents
         if intents is None or self.leases is None:
             return
         async with asyncio.timeout(self.leases.renew_every):
             for recorded, intent in await intents.pending(partitions):
                 if intent is not None:
-                    outcome = await self.ops.settle_intent(intent)
+                    outcome = await self.ops.writes.settle_intent(intent)
                     log.info(
                         "a previous owner's write settled at takeover",
                         extra={
@@ -365,7 +363,7 @@ class AccountingService:
         busy = [lock for name, lock in self.ops.busy() if self.ledger.partition(name) in released]
         if not busy:
             return
-        bound = DRAIN_WRITES_FACTOR * self.ops.write_timeout
+        bound = DRAIN_WRITES_FACTOR * self.ops.writes.write_timeout
         if self.leases is not None:
             bound = min(bound, self.leases.renew_every)  # the other partitions' renewals wait
         try:

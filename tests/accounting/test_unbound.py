@@ -87,7 +87,7 @@ async def test_a_reserve_reads_a_watched_pod_without_asking_the_api_server(
         assert h.accounting is not None
         accounting = h.accounting
         uid, _ = await uid_rv(h, "fresh")
-        kube = accounting.ops.kube
+        kube = accounting.ops.writes.kube
         real_get = kube.get_pod
         reads: list[str] = []
 

@@ -255,7 +255,7 @@ async def test_the_write_after_a_binding_waits_for_its_event_instead_of_conflict
         ledger.observe = slow_watch  # type: ignore[method-assign]
         # The wait under test (a quarter of the write's budget at most) outlasts a slow
         # machine's steps below.
-        accounting.ops.seen_wait, accounting.ops.write_timeout = 30.0, 120.0
+        accounting.ops.writes.seen_wait, accounting.ops.writes.write_timeout = 30.0, 120.0
         patches: list[str] = []
         s.h.emulator.faults.on_write.append(
             lambda method, path, _: patches.append(path) if method == "PATCH" else None
@@ -268,7 +268,7 @@ async def test_the_write_after_a_binding_waits_for_its_event_instead_of_conflict
         )
         # The consume either waits for that event, or (were it guarded by the version before)
         # has been sent and refused.
-        await wait_for(lambda: uid in accounting.ops._seen or bool(patches), within=5)
+        await wait_for(lambda: uid in accounting.ops.writes._seen or bool(patches), within=5)
         ledger.observe = observe  # type: ignore[method-assign]
         for pod in held_back:
             observe(pod)

@@ -207,8 +207,8 @@ async def test_bind_is_not_reported_done_for_a_pod_recreated_under_the_same_name
         assert (await s.filter(created, ["node-1", "node-2"]))["NodeNames"] == ["node-1"]
         assert s.h.accounting is not None
         ops = s.h.accounting.ops
-        wrapped = RecreatedDuringBinding(s, ops.kube)
-        ops.kube = wrapped  # type: ignore[assignment]
+        wrapped = RecreatedDuringBinding(s, ops.writes.kube)
+        ops.writes.kube = wrapped  # type: ignore[assignment]
         status, body = await s.post("/bind", bind_args("train", created["metadata"]["uid"]))
         assert wrapped.replaced
         assert status == 200

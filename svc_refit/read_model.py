@@ -17,10 +17,11 @@ refit decides on it: a refusal must not rest on it, and a refit decides and refu
 step. Concurrent refits share one snapshot per node
 (single flight), so a burst costs one fetch, not one per refit.
 
-Moves in flight are *claims*: the capacity a sent move takes is counted for every other refit
-on the node until its outcome is known, so a burst for three free slots sends three moves, not
-two hundred. A refit refused only because of claims waits for them to settle (within its
-deadline) and decides again: capacity a failed move gave back is never refused.
+Moves in flight are *claims* (svc_refit/claims.py): the capacity a sent move takes is counted
+for every other refit on the node until its outcome is known, so a burst for three free slots
+sends three moves, not two hundred. A refit refused only because of claims waits for them to
+settle (within its deadline) and decides again: capacity a failed move gave back is never
+refused.
 
 A decision made on a view that turned stale is harmless: accounting re-checks every move
 against its own ledger and refuses an over-commit with `no_fit`. A refusal is checked by
@@ -39,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING
 from shared import messages, subjects
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
-from shared.core.accounting import TrackedPod, track_pod
 from shared.core.freshness import (
     Held,
     Table,
@@ -58,8 +57,7 @@ from shared.core.freshness import (
     snapshot_verdict,
     update_action,
 )
-from shared.core.nodes import with_added, without_pod
-from shared.core.pods import PodInfo
+from shared.core.nodes import without_pod
 from shared.core.quota import QuotaLedger
 from shared.messages import (
     MessageError,
@@ -70,14 +68,16 @@ from shared.messages import (
     UsageEntry,
     UsageUpdate,
 )
+from svc_refit.claims import Claim, Claims
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Mapping
 
     from nats.aio.client import Client
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
+    from shared.core.accounting import TrackedPod
     from shared.core.model import NodeSnapshot, Usage
     from shared.service.lifecycle import Deadline
     from shared.service.supervisor import Supervisor
@@ -139,13 +139,6 @@ class _Node:
     before a refit decides on it."""
 
 
-@dataclass(slots=True)
-class Claim:
-    pod_uid: str
-    usage: Mapping[str, Usage]
-    """What the move adds on each device (slots already counted per pod, as d.2 does)."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Fetched:
     """One snapshot reply, as read: the node asked about (None when accounting does not know
@@ -187,10 +180,8 @@ class ReadModel:
         self._tokens: dict[str, str] = {}
         self._quota: dict[str, tuple[QuotaLedger, float]] = {}
         self._fetches: dict[tuple[str, str], _Fetch] = {}
-        self._claims: dict[str, dict[int, Claim]] = {}
-        self._claim_ids = itertools.count()
-        self._pulses: dict[str, asyncio.Event] = {}
-        self._waiting: dict[str, int] = {}
+        self._claims = Claims()
+        """Moves in flight and waits for a node's next change (claims.py)."""
         self._subscription: Subscription | None = None
         self.fetches = 0
         self._tick = 0
@@ -361,57 +352,28 @@ class ReadModel:
             entry.marks += 1
         self._pulse(node)
 
-    # --- claims: moves in flight ------------------------------------------------------------
+    # --- claims: moves in flight (claims.py) ----------------------------------------------
 
-    @contextlib.contextmanager
-    def claim(self, node: str, pod_uid: str, usage: Mapping[str, Usage]) -> Iterator[None]:
+    def claim(
+        self, node: str, pod_uid: str, usage: Mapping[str, Usage]
+    ) -> contextlib.AbstractContextManager[None]:
         """Count `usage` for every other refit on `node` while the move is in flight."""
-        claims = self._claims.setdefault(node, {})
-        key = next(self._claim_ids)
-        claims[key] = Claim(pod_uid, usage)
-        try:
-            yield
-        finally:
-            claims.pop(key, None)
-            if not claims:
-                self._claims.pop(node, None)
-            self._pulse(node)
+        return self._claims.claim(node, pod_uid, usage)
 
     def moving(self, node: str, pod_uid: str) -> bool:
         """Is a move of `pod_uid` on `node` in flight (sent, its reply not applied yet)?"""
-        return any(c.pod_uid == pod_uid for c in self._claims.get(node, {}).values())
+        return self._claims.moving(node, pod_uid)
 
     def claims(self, node: str, excluding: str) -> list[Claim]:
-        return [c for c in self._claims.get(node, {}).values() if c.pod_uid != excluding]
+        return self._claims.of(node, excluding)
 
     def _pulse(self, node: str) -> None:
-        event = self._pulses.pop(node, None)
-        if event is not None:
-            event.set()
+        self._claims.pulse(node)
 
     async def wait_change(self, node: str, within: float) -> bool:
         """Wait until something about `node` changes (an update, a claim settles); False when
         `within` seconds passed first."""
-        if within <= 0:
-            return False
-        event = self._pulses.get(node)
-        if event is None:
-            event = self._pulses[node] = asyncio.Event()
-        self._waiting[node] = self._waiting.get(node, 0) + 1
-        try:
-            async with asyncio.timeout(within):
-                await event.wait()
-        except TimeoutError:
-            return False
-        finally:
-            left = self._waiting[node] - 1
-            if left:
-                self._waiting[node] = left
-            else:
-                del self._waiting[node]
-                if self._pulses.get(node) is event:
-                    del self._pulses[node]  # nobody waits on it any more
-        return True
+        return await self._claims.wait_change(node, within)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -622,30 +584,3 @@ class ReadModel:
         while len(self._nodes) > self.max_nodes:
             oldest = next(iter(self._nodes))
             self.drop(oldest)
-
-
-def with_claims(usage: NodeSnapshot, claims: list[Claim]) -> NodeSnapshot:
-    """A copy of `usage` with every claim counted."""
-    return with_added(usage, (claim.usage for claim in claims))
-
-
-def committed(
-    tracked: TrackedPod, annotations: Mapping[str, str], resource_version: str
-) -> TrackedPod | None:
-    """The pod's entry once accounting wrote `annotations` at `resource_version`."""
-    pod = tracked.pod
-    merged = dict(pod.annotations)
-    merged.update(annotations)
-    updated = PodInfo(
-        uid=pod.uid,
-        namespace=pod.namespace,
-        name=pod.name,
-        resource_version=resource_version,
-        node_name=pod.node_name,
-        phase=pod.phase,
-        annotations=merged,
-        containers=pod.containers,
-        init_exit_codes=pod.init_exit_codes,
-        deleting=pod.deleting,
-    )
-    return track_pod(updated, released=tracked.released)

@@ -16,14 +16,17 @@ from shared import codes
 from shared.accounting_client import AccountingClient, AccountingUnavailable
 from shared.codes import Code
 from shared.core import keys
+from shared.core.accounting import track_pod
 from shared.core.nodes import usage_growth
+from shared.core.pods import PodInfo
 from shared.core.refit import RefitDecision, RefitInput, check_request, decide_refit
 from shared.messages import MessageError, MoveReply, MoveRequest
+from svc_refit.claims import with_claims
 from svc_refit.outcomes import cut, failed, fit_reasons, from_accounting
-from svc_refit.read_model import ReadModel, SnapshotRefused, View, committed, with_claims
+from svc_refit.read_model import ReadModel, SnapshotRefused, View
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from shared.core.accounting import TrackedPod
     from shared.core.config import CoreConfig
@@ -349,3 +352,25 @@ def _holds(entry: TrackedPod | None, request: RefitInput, decision: RefitDecisio
         and entry.to_allocate == decision.annotations[keys.TO_ALLOCATE]
         and entry.allocated == decision.annotations[keys.ALLOCATED]
     )
+
+
+def committed(
+    tracked: TrackedPod, annotations: Mapping[str, str], resource_version: str
+) -> TrackedPod | None:
+    """The pod's entry once accounting wrote `annotations` at `resource_version`."""
+    pod = tracked.pod
+    merged = dict(pod.annotations)
+    merged.update(annotations)
+    updated = PodInfo(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        resource_version=resource_version,
+        node_name=pod.node_name,
+        phase=pod.phase,
+        annotations=merged,
+        containers=pod.containers,
+        init_exit_codes=pod.init_exit_codes,
+        deleting=pod.deleting,
+    )
+    return track_pod(updated, released=tracked.released)

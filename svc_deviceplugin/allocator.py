@@ -30,39 +30,42 @@ Allocate fails as before: the plugin cannot tell what the container was reserved
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
-import nats.errors
 
-from shared import messages, subjects
+from shared import messages
 from shared.accounting_client import AccountingClient, AccountingUnavailable
-from shared.codes import Code
 from shared.core import codec, keys
 from shared.core.errors import CoreError
-from shared.core.fallback import fallback_choice
-from shared.core.model import ContainerDevice
 from shared.core.pods import Alignment, parse_alignment
 from shared.core.replicas import (
     ReplicaMismatch,
     SelectionError,
-    distinct_selection,
     physical_ids,
     select_replicas,
 )
 from shared.messages import PendingEntry, PendingPod, RefitReply
-from shared.service import natsconn
-from shared.service.backoff import Backoff
 from shared.service.lifecycle import Deadline
 from shared.subjects import shown
+from svc_deviceplugin.admitting import DEFER_RESERVE_S, Admitting, follow_reuse
+from svc_deviceplugin.bind_failed import BindFailures
+from svc_deviceplugin.consume import Unrecorded, consume, running_on, unusable
 from svc_deviceplugin.deferred import DeferredConsumes
 from svc_deviceplugin.environment import ContainerAllocation, container_allocation
+from svc_deviceplugin.hops import (
+    MIN_HOP_S,
+    AdmissionRefused,
+    RefitAnswer,
+    ask_refit,
+    code_text,
+    outside_text,
+    unreadable,
+)
 from svc_deviceplugin.journal import ConsumeJournal, DeferredConsume, JournalFull
-from svc_deviceplugin.metrics import PluginMetrics, allocation_result
+from svc_deviceplugin.judge import ContainerPreference, Judged, distinct, judge_offered
 from svc_deviceplugin.outcome import EFFECTS, PreferredOutcome, Then, decide, judged, mode_label
 
 if TYPE_CHECKING:
@@ -70,28 +73,12 @@ if TYPE_CHECKING:
 
     from nats.aio.client import Client
 
-    from shared.core.model import ContainerEntry
     from shared.service.supervisor import Supervisor
     from svc_deviceplugin.config import PluginConfig
+    from svc_deviceplugin.metrics import PluginMetrics
 
 log = logging.getLogger("numafit.deviceplugin")
 
-MIN_HOP_S = 0.02
-"""Below this much of the call's budget no hop is started: it could only end after the call."""
-CONSUME_ATTEMPTS = 3
-"""consume answered `conflict` (accounting re-read the pod): asked again, this many in all."""
-LATER_ATTEMPTS = 3
-"""Attempts of recording a failed binding after the kubelet call has ended."""
-TEXT_LIMIT = 200
-"""Characters of outside text (accounting errors, refit reasons) kept in messages and logs."""
-RETRIED_BIND_PHASE = frozenset({Code.DEADLINE_EXCEEDED, Code.CONFLICT, Code.API_ERROR})
-"""A bind-phase `failed` refused with one of these may be recorded by asking again."""
-DEFERRED_CODES = frozenset({Code.NODE_UNAVAILABLE, Code.DEADLINE_EXCEEDED})
-"""consume refusals that say accounting is away or late, not that the allocation is wrong: with
-the entry known, Allocate is answered and the consumption journalled."""
-DEFER_RESERVE_S = 0.25
-"""Seconds of an Allocate's budget kept back from its consume, when the entry is known, for
-writing the journal should the consume not be answered."""
 KNOWN_FOR_S = 10.0
 """How long after GetPreferredAllocation its entries may answer an Allocate: kubelet calls
 Allocate right after it, so an older one belongs to an admission that went no further."""
@@ -99,74 +86,6 @@ FALLBACK_RESERVE_S = 0.25
 """Seconds of a best-effort container's budget kept back from its refit, so that kubelet's GPUs
 can still be judged (the fallback rule, on a snapshot of accounting's usage) should the refit
 not move the reservation (a quarter of a shorter budget)."""
-
-
-def outside_text(text: str, limit: int = TEXT_LIMIT) -> str:
-    """Outside text for a message or log line: as is when short and printable, else cut (and
-    quoted) by `subjects.shown`, so unbounded input never comes back whole."""
-    return text if len(text) <= limit and text.isprintable() else shown(text, limit)
-
-
-class _Unrecorded(Exception):
-    """accounting did not record the consumption, for a reason that says nothing against it
-    (no answer, a takeover, out of budget): deferred when the entry is known, else refused
-    with `message`."""
-
-    def __init__(self, message: str, result: str, reason: str) -> None:
-        super().__init__(message)
-        self.result = result
-        """The `allocations_total` label when the Allocate fails."""
-        self.reason = reason
-        """The `consume_deferred_total` label when it is deferred."""
-
-
-@dataclass(frozen=True, slots=True)
-class Admitting:
-    """A container entry GetPreferredAllocation fetched (the refit's move applied): what an
-    Allocate needs to be answered without accounting."""
-
-    uid: str
-    namespace: str
-    name: str
-    index: int
-    container_name: str
-    devices: str
-    """The reserved entry, HAMi's per-container encoding."""
-
-
-class AdmissionRefused(Exception):
-    """Fail this kubelet call (kubelet reports UnexpectedAdmissionError)."""
-
-    def __init__(self, message: str, *, invalid_argument: bool = False) -> None:
-        super().__init__(message)
-        self.invalid_argument = invalid_argument
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerPreference:
-    available: Sequence[str]
-    required: Sequence[str]
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class Judged:
-    """The fallback rule's answer for kubelet's offered replicas: the preferred ones, or why
-    none satisfies the pod (`refusal`), or neither when it could not be judged."""
-
-    selection: list[str] | None = None
-    refusal: str = ""
-    source: str = "fallback"
-
-
-@dataclass(frozen=True, slots=True)
-class RefitAnswer:
-    """What one refit request came to: the reply (None: none usable), why there is none,
-    whether the budget ran out first."""
-
-    reply: RefitReply | None
-    failure: str = ""
-    timed_out: bool = False
 
 
 class Allocator:
@@ -185,6 +104,10 @@ class Allocator:
         self.known = known_gpus
         self.tasks = tasks
         """Owns the background work that outlives a kubelet call (late bind-phase records)."""
+        self.bind_failures = BindFailures(
+            self.accounting, config.node, config.accounting_timeout, tasks
+        )
+        """Records bind-phase `failed` when an admission fails (bind_failed.py)."""
         self.fallbacks: set[tuple[str, int]] = set()
         """(pod UID, container index) admitted on kubelet's choice after a best-effort
         fallback; pending Allocate, then counted in `fallback_containers`."""
@@ -230,7 +153,7 @@ class Allocator:
         self._admitting, self._moved = [], {}
         # Without the pending pod there is nothing to prefer but distinct GPUs: kubelet's own
         # pick could hand a container two replicas of one GPU.
-        nothing = [self._distinct(r) for r in requests]
+        nothing = [distinct(r, self.known) for r in requests]
         budget = self._budget(deadline)
         if budget < MIN_HOP_S:
             log.warning("no preference: the call's budget is spent")
@@ -239,7 +162,7 @@ class Allocator:
         try:
             pending = await self.accounting.ask(request, messages.PendingReply, budget)
         except AccountingUnavailable as exc:
-            what = "an unusable pending reply" if _unreadable(exc) else "accounting unreachable"
+            what = "an unusable pending reply" if unreadable(exc) else "accounting unreachable"
             log.warning(f"no preference: {what}", extra={"error": outside_text(str(exc))})
             return nothing
         pod = pending.pod
@@ -258,7 +181,7 @@ class Allocator:
             answers.append(
                 await self._prefer_one(pod, entry, container, deadline)
                 if entry
-                else self._distinct(container)
+                else distinct(container, self.known)
             )
             if entry is not None:
                 devices = self._moved.pop((pod.uid, entry.index), entry.devices)
@@ -307,7 +230,7 @@ class Allocator:
                 "no preference from the reservation",
                 extra={**where, "error": outside_text(str(exc))},
             )
-            return self._distinct(request)
+            return distinct(request, self.known)
         self.metrics.preferences.labels("reservation").inc()
         return await self._settle(
             decide(mismatch=False, mode=mode), mode, pod, entry, where, deadline, selection
@@ -349,7 +272,7 @@ class Allocator:
         if deadline.remaining() < MIN_HOP_S:
             answer = RefitAnswer(None, "no time left for a refit", timed_out=True)
         else:
-            answer = await self._ask(refit)
+            answer = await ask_refit(self.nc, refit, self.config.refit_timeout_ms)
         self.metrics.refit_duration.observe(time.perf_counter() - started)
         reply, selection, detail = answer.reply, None, answer.failure
         if reply is not None and reply.succeeded:
@@ -369,7 +292,7 @@ class Allocator:
             timed_out=answer.timed_out,
             mappable=selection is not None,
         )
-        code = _code_text(reply.code) if reply is not None else "unknown"
+        code = code_text(reply.code) if reply is not None else "unknown"
         if EFFECTS[outcome].then is Then.FALLBACK:
             return await self._kubelets_gpus(
                 outcome, mode, pod, entry, request, where, deadline, detail, code
@@ -401,7 +324,15 @@ class Allocator:
         best-effort refit that did not move it): prefer those the fallback rule picks
         (`shared.core.fallback`: the pod's own constraints, its GPU policy's order, distinct
         GPUs), and refuse an opted-in pod none of them satisfies."""
-        found = await self._judge(pod, entry, request, deadline)
+        found = await judge_offered(
+            self.accounting,
+            self.config.node,
+            self.known,
+            pod,
+            entry,
+            request,
+            self._budget(deadline),
+        )
         settled = judged(outcome, mode, satisfied=found.refusal == "")
         if settled is not outcome:
             prior = EFFECTS[outcome].record.format(code=code)
@@ -415,62 +346,11 @@ class Allocator:
                 "no offered GPU satisfies the pod; kubelet picks",
                 extra={**where, "why": found.refusal},
             )
-            found = Judged(self._distinct(request), source="distinct")
+            found = Judged(distinct(request, self.known), source="distinct")
         self.metrics.preferences.labels(found.source if found.selection else "none").inc()
         return await self._settle(
             outcome, mode, pod, entry, where, deadline, found.selection, detail=detail, code=code
         )
-
-    async def _judge(
-        self, pod: PendingPod, entry: PendingEntry, request: ContainerPreference, deadline: Deadline
-    ) -> Judged:
-        """kubelet's offered replicas judged by the fallback rule on accounting's usage (one
-        snapshot of the node with the pod); distinct GPUs, unjudged, when the usage cannot be
-        had within the call's budget."""
-        where = {"pod": f"{pod.namespace}/{pod.name}", "container": entry.index}
-        budget = self._budget(deadline)
-        try:
-            if budget < MIN_HOP_S:
-                raise AccountingUnavailable("the call's budget is spent")
-            reply = await self.accounting.ask(
-                messages.SnapshotRequest(node=self.config.node, pod_uid=pod.uid),
-                messages.SnapshotReply,
-                budget,
-            )
-            states = reply.nodes or ()
-            wire = reply.pod
-            if not reply.ok or not states or not isinstance(wire, messages.TrackedPodWire):
-                raise AccountingUnavailable(f"no usage for the pod ({_code_text(reply.code)})")
-            node = states[0].to_state().snapshot()
-            tracked = wire.to_core()
-        except (AccountingUnavailable, messages.MessageError) as exc:
-            log.warning(
-                "kubelet's GPUs not judged: no usage at hand",
-                extra={**where, "error": outside_text(str(exc))},
-            )
-            selection = self._distinct(request)
-            return Judged(selection or None, source="distinct")
-        if node is None:
-            return Judged(self._distinct(request) or None, source="distinct")
-        offered = codec.unique_physical_ids(request.available, self.known)
-        choice = fallback_choice(tracked, entry.index, node, offered)
-        if not choice.ok:
-            return Judged(refusal=outside_text(choice.reason))
-        try:
-            selection = select_replicas(
-                request.available, request.required, list(choice.gpus), request.size, self.known
-            )
-        except SelectionError:
-            # kubelet's must-include replicas are not among the picks: distinct GPUs instead.
-            return Judged(self._distinct(request) or None, source="distinct")
-        return Judged(selection)
-
-    def _distinct(self, request: ContainerPreference) -> list[str]:
-        """Replicas of distinct GPUs among those offered (empty when there are too few)."""
-        try:
-            return distinct_selection(request.available, request.required, request.size, self.known)
-        except SelectionError:
-            return []
 
     async def _settle(
         self,
@@ -492,7 +372,7 @@ class Allocator:
         self.metrics.refits.labels(mode_label(outcome, mode), effect.result).inc()
         self.outcomes[key] = effect.record.format(code=code, prior=prior)
         if effect.then is Then.FAIL:
-            await self._fail_binding(pod.uid, deadline)
+            await self.bind_failures.record(pod.uid, self._budget(deadline))
         if effect.message is not None:
             # a success's detail is its code (the result label)
             extra = {**where, effect.detail: effect.result if effect.detail == "code" else detail}
@@ -506,72 +386,12 @@ class Allocator:
             self.fallbacks.add(key)
         return selection or []
 
-    async def _ask(self, refit: messages.RefitRequest) -> RefitAnswer:
-        """One request, no retry."""
-        try:
-            msg = await natsconn.request(
-                self.nc,
-                subjects.refit(refit.node_name),
-                messages.encode(refit),
-                refit.timeout_ms / 1000,
-            )
-        except nats.errors.NoRespondersError:
-            return RefitAnswer(None, "no refit service answers")
-        except (nats.errors.TimeoutError, TimeoutError):
-            return RefitAnswer(
-                None,
-                f"refit timed out: no answer within this call's {self.config.refit_timeout_ms} "
-                f"ms budget ({refit.timeout_ms} ms of it left for the refit)",
-                timed_out=True,
-            )
-        except nats.errors.Error as exc:
-            return RefitAnswer(None, f"refit transport error: {outside_text(str(exc))}")
-        try:
-            return RefitAnswer(messages.decode(msg.data, RefitReply))
-        except messages.MessageError as exc:
-            return RefitAnswer(None, outside_text(str(exc)))
-
     def _map_committed(self, reply: RefitReply, request: ContainerPreference) -> list[str]:
         """kubelet's replicas for the committed move (`CoreError`, `SelectionError`: none)."""
         moved = [d.uuid for d in codec.decode_container(reply.container_devices or "")]
         if not moved:
             raise SelectionError("empty containerDevices")
         return select_replicas(request.available, request.required, moved, request.size, self.known)
-
-    async def _fail_binding(self, uid: str, deadline: Deadline) -> None:
-        """Record bind-phase `failed` (the scheduler's node lock is released) within what is
-        left of the call; when that is not enough, after the call, in the background."""
-        budget = self._budget(deadline)
-        if budget >= MIN_HOP_S and await self._record_failed(uid, budget):
-            return
-        log.info("bind-phase failed recorded after the call", extra={"pod_uid": uid})
-        self.tasks.spawn(self._record_failed_later(uid), f"bind-phase-failed:{uid}")
-
-    async def _record_failed(self, uid: str, budget: float) -> bool:
-        """One attempt; True when accounting recorded it (or can never record it)."""
-        request = messages.BindPhaseRequest(
-            pod_uid=uid, phase=keys.PHASE_FAILED, node=self.config.node
-        )
-        try:
-            reply = await self.accounting.ask(request, messages.BindPhaseReply, budget)
-        except AccountingUnavailable as exc:
-            log.warning("bind-phase failed not recorded", extra={"error": outside_text(str(exc))})
-            return False
-        if reply.ok:
-            return True
-        log.warning(
-            "bind-phase failed refused",
-            extra={"code": _code_text(reply.code), "error": outside_text(reply.error or "")},
-        )
-        return _code(reply.code) not in RETRIED_BIND_PHASE
-
-    async def _record_failed_later(self, uid: str) -> None:
-        backoff = Backoff()
-        for _ in range(LATER_ATTEMPTS):
-            if await self._record_failed(uid, self.config.accounting_timeout):
-                return
-            await backoff.wait()
-        log.error("bind-phase failed never recorded", extra={"pod_uid": uid})
 
     # --- Allocate ---------------------------------------------------------------------------
 
@@ -599,8 +419,16 @@ class Allocator:
             # With the entry known, some of the call is kept for journalling it (a quarter of
             # a short budget, so that a consume is still asked).
             reserve = min(DEFER_RESERVE_S, deadline.remaining() / 4) if known else 0.0
-            reply = await self._consume(request, deadline, reserve)
-        except _Unrecorded as exc:
+            reply = await consume(
+                self.accounting,
+                request,
+                deadline,
+                reserve,
+                accounting_timeout=self.config.accounting_timeout,
+                call_ms=self.config.refit_timeout_ms,
+                metrics=self.metrics,
+            )
+        except Unrecorded as exc:
             if known is None:
                 self.metrics.allocations.labels(exc.result).inc()
                 raise AdmissionRefused(
@@ -613,7 +441,7 @@ class Allocator:
                 raise CoreError("no containerDevices")
             entry = codec.decode_container(reply.container_devices)
         except CoreError as exc:
-            raise self._unusable(exc) from exc
+            raise unusable(exc, self.metrics) from exc
         uid = reply.pod_uid or ""
         index = -1 if reply.container_index is None else reply.container_index
         self._allocated(uid, index, reply.container_name, device_ids)
@@ -649,52 +477,13 @@ class Allocator:
             return None
         if entry is None or len(reserved) != len(gpus):
             return None
-        where = {"pod": f"{pod.namespace}/{pod.name}", "container": entry.index}
         found = Admitting(
             uid, pod.namespace, pod.name, entry.index, entry.container_name, entry.devices
         )
         self.outcomes[(uid, entry.index)] = "reused"
-        if {d.uuid for d in reserved} == set(gpus):
-            self.metrics.init_reuses.labels("same").inc()
-            log.info(
-                "kubelet reused the init container's replicas",
-                extra={**where, "devices": list(gpus)},
-            )
-            return found
-        try:
-            mode = parse_alignment(pod.numa_alignment) or Alignment.BEST_EFFORT
-        except CoreError:
-            mode = Alignment.BEST_EFFORT
-        refit = messages.RefitRequest(
-            pod_uid=uid,
-            pod_namespace=pod.namespace,
-            pod_name=pod.name,
-            node_name=self.config.node,
-            container_index=entry.index,
-            container_name=entry.container_name or msgspec.UNSET,
-            device_type=keys.NVIDIA,
-            allowed_device_uuids=tuple(dict.fromkeys(gpus)),
-            mode=mode.value,
-            # The consume comes after it: keep its share of the call.
-            timeout_ms=max(deadline.remaining_ms() - int(DEFER_RESERVE_S * 2000), 1),
+        return await follow_reuse(
+            self.nc, self.config, self.metrics, found, pod.numa_alignment, reserved, gpus, deadline
         )
-        answer = await self._ask(refit)
-        reply = answer.reply
-        if reply is not None and reply.succeeded and reply.container_devices:
-            self.metrics.init_reuses.labels("moved").inc()
-            log.info(
-                "kubelet reused the init container's replicas; the reservation followed",
-                extra={**where, "devices": list(gpus), "code": _code_text(reply.code)},
-            )
-            return dataclasses.replace(found, devices=reply.container_devices)
-        self.metrics.init_reuses.labels("unmoved").inc()
-        why = answer.failure or (reply.failure_reason if reply is not None else "") or "refused"
-        log.warning(
-            "kubelet reused the init container's replicas; the reservation could not follow, "
-            "accounting records what runs",
-            extra={**where, "devices": list(gpus), "why": outside_text(why or "")},
-        )
-        return found
 
     def _allocated(
         self,
@@ -752,13 +541,13 @@ class Allocator:
         )
 
     async def _defer(
-        self, known: Admitting, gpus: Sequence[str], why: _Unrecorded, device_ids: Sequence[str]
+        self, known: Admitting, gpus: Sequence[str], why: Unrecorded, device_ids: Sequence[str]
     ) -> ContainerAllocation:
         """Answer kubelet from the known entry and journal the consumption."""
         try:
-            entry = _running_on(codec.decode_container(known.devices), gpus)
+            entry = running_on(codec.decode_container(known.devices), gpus)
         except CoreError as exc:
-            raise self._unusable(exc) from exc
+            raise unusable(exc, self.metrics) from exc
         record = DeferredConsume(
             pod_uid=known.uid,
             pod_namespace=known.namespace,
@@ -792,54 +581,6 @@ class Allocator:
         self._allocated(known.uid, known.index, known.container_name, device_ids)
         return container_allocation(entry, known.uid, known.container_name, self.config.hami_core)
 
-    def _unusable(self, exc: Exception) -> AdmissionRefused:
-        self.metrics.allocations.labels("unusable_reply").inc()
-        return AdmissionRefused(f"accounting sent an unusable entry: {outside_text(str(exc))}")
-
-    async def _consume(
-        self, request: messages.ConsumeRequest, deadline: Deadline, reserve: float
-    ) -> messages.ConsumeReply:
-        """Ask accounting to consume the entry, leaving `reserve` seconds of the budget. A
-        `conflict` means the pod changed under accounting, which re-read it: asked again while
-        the budget allows. No answer, `node_unavailable` and `deadline_exceeded` are
-        `_Unrecorded`; every other refusal fails the Allocate with accounting's code and (cut)
-        reason."""
-        for attempt in range(1, CONSUME_ATTEMPTS + 1):
-            budget = min(self.config.accounting_timeout, deadline.remaining() - reserve)
-            if budget < MIN_HOP_S:
-                raise _Unrecorded(
-                    "cannot record the allocation: the call's "
-                    f"{self.config.refit_timeout_ms} ms budget is spent",
-                    "deadline_exceeded",
-                    "deadline_exceeded",
-                )
-            try:
-                reply = await self.accounting.ask(request, messages.ConsumeReply, budget)
-            except AccountingUnavailable as exc:
-                if _unreadable(exc):
-                    raise self._unusable(exc) from exc
-                raise _Unrecorded(
-                    f"cannot record the allocation: {outside_text(str(exc))}",
-                    "accounting_unavailable",
-                    "accounting_unavailable",
-                ) from exc
-            if reply.ok:
-                return reply
-            code, shown_code = _code(reply.code), _code_text(reply.code)
-            error = outside_text(reply.error or "")
-            if code is Code.CONFLICT and attempt < CONSUME_ATTEMPTS:
-                log.info("consume conflict; asking again", extra={"attempt": attempt})
-                continue
-            log.warning(
-                "allocation refused by accounting", extra={"code": shown_code, "error": error}
-            )
-            message = f"allocation refused by accounting ({shown_code}): {error}"
-            if code is not None and code in DEFERRED_CODES:
-                raise _Unrecorded(message, allocation_result(code), code.value)
-            self.metrics.allocations.labels(allocation_result(code)).inc()
-            raise AdmissionRefused(message)
-        raise AssertionError("unreachable")  # pragma: no cover
-
     def forget_pods(self, alive: set[str]) -> None:
         """Drop what is kept per pod (fallback containers, refit outcomes) for pods
         accounting no longer tracks, so a long-running plugin does not grow."""
@@ -849,40 +590,3 @@ class Allocator:
         if self._handed[0] not in alive:
             self._handed = ("", set())
         self.metrics.set_fallback_containers(len(self.fallback_containers))
-
-
-def _running_on(reserved: ContainerEntry, gpus: Sequence[str]) -> ContainerEntry:
-    """The entry as it runs on `gpus`, as accounting's consume records it
-    (`shared.core.consume.plan_consume`): each reserved amount stays on its GPU when kubelet
-    gave that GPU, and the others' amounts go, in order, to the GPUs kubelet gave instead."""
-    if len(gpus) != len(reserved) or len(set(gpus)) != len(gpus):
-        raise CoreError(
-            f"Allocate of {len(gpus)} device(s) does not match the pending entry of {len(reserved)}"
-        )
-    if {d.uuid for d in reserved} == set(gpus):
-        return reserved  # no drift: the reservation as it stands, in its own order
-    kept = {d.uuid: d for d in reserved}
-    spare = iter([d for d in reserved if d.uuid not in gpus])
-    running = []
-    for uuid in gpus:
-        device = kept[uuid] if uuid in kept else next(spare)
-        running.append(ContainerDevice(uuid, device.type, device.usedmem, device.usedcores))
-    return tuple(running)
-
-
-def _unreadable(exc: AccountingUnavailable) -> bool:
-    """Accounting answered, but with a reply that does not decode."""
-    return isinstance(exc.__cause__, messages.MessageError)
-
-
-def _code(text: str) -> Code | None:
-    """A reply's code; None for one this build does not know (a newer peer's)."""
-    try:
-        return Code(text)
-    except ValueError:
-        return None
-
-
-def _code_text(text: str) -> str:
-    """A reply's code for messages, logs and outcomes: bounded."""
-    return text if text and len(text) <= 64 else "unknown"

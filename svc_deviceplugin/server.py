@@ -24,7 +24,8 @@ from grpc import aio
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared.service.backoff import Backoff
 from shared.subjects import shown
-from svc_deviceplugin.allocator import AdmissionRefused, Allocator, ContainerPreference
+from svc_deviceplugin.hops import AdmissionRefused
+from svc_deviceplugin.judge import ContainerPreference
 
 log = logging.getLogger("numafit.deviceplugin")
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
     from shared.service.lifecycle import Deadline
+    from svc_deviceplugin.allocator import Allocator
     from svc_deviceplugin.config import PluginConfig
     from svc_deviceplugin.inventory import Replica
     from svc_deviceplugin.metrics import PluginMetrics

@@ -6,5 +6,6 @@ device plugin asks here: the refit re-runs the core's fit restricted to the allo
 the pod's Event.
 
 Entry point: `numafit run refit` (`python -m svc_refit`, see `__main__`). Start reading at
-`service` (one request, end to end), then `read_model` (the per-node view it decides on).
+`service` (one request, end to end), then `refitter` (deciding and committing it), `read_model`
+(the per-node view it decides on) and `claims` (moves in flight).
 """

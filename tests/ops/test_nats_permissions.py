@@ -47,7 +47,8 @@ INBOX = {
 }
 
 NODE_OPS = ("pending", "consume", "bind-phase", "register", "snapshot")
-"""The accounting operations svc_deviceplugin calls (allocator.py and service.py)."""
+"""The accounting operations svc_deviceplugin calls (allocator.py, judge.py, consume.py,
+bind_failed.py and service.py)."""
 
 
 def password(user: str) -> str:

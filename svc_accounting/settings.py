@@ -15,7 +15,7 @@ from shared.service.declare import setting
 from shared.service.events import TIMEOUT as EVENT_TIMEOUT
 from shared.service.values import Parser, whole
 from svc_accounting.leases import DEFAULT_BUCKET, DEFAULT_PARTITIONS, DEFAULT_TTL
-from svc_accounting.operations import DEFAULT_RESERVATION_TTL
+from svc_accounting.pod_ops import DEFAULT_RESERVATION_TTL
 from svc_accounting.pod_writes import DEFAULT_WRITE_TIMEOUT
 
 METRICS_PORT = 9102

@@ -251,6 +251,114 @@ async def _api_server(tmp: Path, counter: WriteCounter | None) -> AsyncIterator[
         await process.wait()
 
 
+class _RoundTrips:
+    """The round-trip series of one run: each kind's requests from `workers` nodes at once."""
+
+    KINDS = ("echo", "patch", "chain", "refit", "echo_same_process")
+
+    def __init__(
+        self, plane: ControlPlane, names: list[str], echo_subject: str, uids: dict[str, str]
+    ) -> None:
+        self.admin, self.nc = plane.admin, plane.nc
+        self.names = names
+        self.echo_subject = echo_subject
+        self.uids = uids
+        self.versions: dict[str, str] = {}
+        """Each node's floor pod's resourceVersion (the guard of its next patch)."""
+        self.flip: dict[str, bool] = dict.fromkeys(names, False)
+        """Each node's pod moves between GPU 0 and GPU 4, one refit after the other."""
+
+    def refit_body(self, node: str) -> bytes:
+        self.flip[node] = not self.flip[node]
+        target = f"GPU-{node}-{4 if self.flip[node] else 0}"
+        return orjson.dumps(
+            {
+                "podUID": self.uids[node],
+                "podNamespace": "bench",
+                "podName": f"pod-{node}",
+                "nodeName": node,
+                "containerIndex": 0,
+                "containerName": "app",
+                "deviceType": "NVIDIA",
+                "allowedDeviceUUIDs": [target],
+                "mode": "best-effort",
+                "timeoutMs": 2000,
+            }
+        )
+
+    async def _patch(self, node: str) -> float:
+        """The floor under refit's write: one guarded merge patch, as accounting sends it (its
+        answer carries the next version)."""
+        start = time.perf_counter()
+        body = await self.admin.patch_pod_annotations(
+            "bench",
+            f"floor-{node}",
+            {"numafit.io/bench": str(time.perf_counter_ns())},
+            self.versions[node],
+        )
+        took = time.perf_counter() - start
+        self.versions[node] = body["metadata"]["resourceVersion"]
+        return took
+
+    async def one(self, kind: str, node: str) -> float:
+        """One request of `kind` from `node`: its seconds."""
+        if kind == "patch":
+            return await self._patch(node)
+        if kind in ("echo", "echo_same_process"):
+            subject = self.echo_subject if kind == "echo" else SAME_PROCESS_ECHO
+            payload = b"x" * 300
+        elif kind == "chain":
+            subject, payload = bench_echo.CHAIN, f"bench/chain-{node}".encode()
+        else:
+            subject, payload = subjects.refit(node), self.refit_body(node)
+        start = time.perf_counter()
+        msg = await self.nc.request(subject, payload, timeout=5)
+        took = time.perf_counter() - start
+        if kind == "refit" and orjson.loads(msg.data)["code"] != "moved":
+            raise RuntimeError(f"refit did not move: {msg.data!r}")
+        if kind == "chain" and msg.data.startswith(b"error"):
+            raise RuntimeError(f"the chain floor's patch failed: {msg.data!r}")
+        return took
+
+    async def series(self, kind: str, workers: int, per_worker: int, samples: list[float]) -> float:
+        """Run `per_worker` requests on each of `workers` nodes into `samples`; the seconds it
+        took."""
+
+        async def worker(node: str) -> None:
+            for _ in range(per_worker):
+                samples.append(await self.one(kind, node))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(n) for n in self.names[:workers]))
+        return time.perf_counter() - started
+
+    async def interleaved(self, workers: int, per_worker: int) -> dict[str, dict[str, float]]:
+        """Every kind in turn, ROUNDS times, so that the refit and its floor are measured
+        under the same conditions (a shared machine's speed drifts)."""
+        samples: dict[str, list[float]] = {kind: [] for kind in self.KINDS}
+        spent = dict.fromkeys(self.KINDS, 0.0)
+        batch = max(per_worker // ROUNDS, 1)
+        for _ in range(ROUNDS):
+            for kind in self.KINDS:
+                spent[kind] += await self.series(kind, workers, batch, samples[kind])
+        return {kind: summarize(samples[kind], spent[kind]) for kind in self.KINDS}
+
+
+def _over_floors(result: dict[str, Any]) -> None:
+    """The refit's p50 over its floors: the echo and the patch apart, and the bare chain."""
+    result["refit_over_floor_ms"] = {
+        name: round(
+            value["p50_ms"] - result["echo"][name]["p50_ms"] - result["patch"][name]["p50_ms"],
+            3,
+        )
+        for name, value in result["refit"].items()
+    }
+    result["refit_over_chain_ms"] = {
+        name: round(value["p50_ms"] - result["chain"][name]["p50_ms"], 3)
+        for name, value in result["refit"].items()
+    }
+
+
 async def bench_round_trips(requests: int, concurrency: int, progress: Progress) -> dict[str, Any]:
     names = [f"node-{i:03d}" for i in range(concurrency)]
     objects: list[tuple[str, dict[str, Any]]] = [("node", _node(n)) for n in names]
@@ -264,14 +372,12 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
         _responder(plane.nats_url, "--patcher", "--kubeconfig", str(plane.kubeconfig)),
         _responder(plane.nats_url, "--forwarder"),
     ):
-        admin, nc = plane.admin, plane.nc
-        uids = {}
-        for n in names:
-            uids[n] = (await admin.get_pod("bench", f"pod-{n}"))["metadata"]["uid"]
-        versions: dict[str, str] = {}
+        admin = plane.admin
+        uids = {n: (await admin.get_pod("bench", f"pod-{n}"))["metadata"]["uid"] for n in names}
+        trips = _RoundTrips(plane, names, echo_process, uids)
         for n in names:
             floor = await admin.get_pod("bench", f"floor-{n}")
-            versions[n] = floor["metadata"]["resourceVersion"]
+            trips.versions[n] = floor["metadata"]["resourceVersion"]
 
         async def echo(msg: Any) -> None:
             await msg.respond(msg.data)
@@ -280,101 +386,17 @@ async def bench_round_trips(requests: int, concurrency: int, progress: Progress)
         try:
             await responder.subscribe(SAME_PROCESS_ECHO, cb=echo)
             await responder.flush()
-            flip: dict[str, bool] = dict.fromkeys(names, False)
-
-            def refit_body(node: str) -> bytes:
-                flip[node] = not flip[node]
-                target = f"GPU-{node}-{4 if flip[node] else 0}"
-                return orjson.dumps(
-                    {
-                        "podUID": uids[node],
-                        "podNamespace": "bench",
-                        "podName": f"pod-{node}",
-                        "nodeName": node,
-                        "containerIndex": 0,
-                        "containerName": "app",
-                        "deviceType": "NVIDIA",
-                        "allowedDeviceUUIDs": [target],
-                        "mode": "best-effort",
-                        "timeoutMs": 2000,
-                    }
-                )
-
-            async def series(
-                kind: str, workers: int, per_worker: int, samples: list[float]
-            ) -> float:
-                """Run `per_worker` requests on each of `workers` nodes into `samples`; the
-                seconds it took."""
-
-                async def worker(node: str) -> None:
-                    for _ in range(per_worker):
-                        if kind == "patch":
-                            # The floor under refit's write: one guarded merge patch, as
-                            # accounting sends it (its answer carries the next version).
-                            start = time.perf_counter()
-                            body = await admin.patch_pod_annotations(
-                                "bench",
-                                f"floor-{node}",
-                                {"numafit.io/bench": str(time.perf_counter_ns())},
-                                versions[node],
-                            )
-                            samples.append(time.perf_counter() - start)
-                            versions[node] = body["metadata"]["resourceVersion"]
-                            continue
-                        if kind in ("echo", "echo_same_process"):
-                            subject = echo_process if kind == "echo" else SAME_PROCESS_ECHO
-                            payload = b"x" * 300
-                        elif kind == "chain":
-                            subject, payload = bench_echo.CHAIN, f"bench/chain-{node}".encode()
-                        else:
-                            subject, payload = subjects.refit(node), refit_body(node)
-                        start = time.perf_counter()
-                        msg = await nc.request(subject, payload, timeout=5)
-                        samples.append(time.perf_counter() - start)
-                        if kind == "refit" and orjson.loads(msg.data)["code"] != "moved":
-                            raise RuntimeError(f"refit did not move: {msg.data!r}")
-                        if kind == "chain" and msg.data.startswith(b"error"):
-                            raise RuntimeError(f"the chain floor's patch failed: {msg.data!r}")
-
-                started = time.perf_counter()
-                await asyncio.gather(*(worker(n) for n in names[:workers]))
-                return time.perf_counter() - started
-
-            async def interleaved(workers: int, per_worker: int) -> dict[str, dict[str, float]]:
-                """Every kind in turn, ROUNDS times, so that the refit and its floor are
-                measured under the same conditions (a shared machine's speed drifts)."""
-                samples: dict[str, list[float]] = {kind: [] for kind in kinds}
-                spent = dict.fromkeys(kinds, 0.0)
-                batch = max(per_worker // ROUNDS, 1)
-                for _ in range(ROUNDS):
-                    for kind in kinds:
-                        spent[kind] += await series(kind, workers, batch, samples[kind])
-                return {kind: summarize(samples[kind], spent[kind]) for kind in kinds}
-
-            kinds = ("echo", "patch", "chain", "refit", "echo_same_process")
-            for kind in kinds:
-                await series(kind, 1, max(requests // 10, 5), [])
-            single = await interleaved(1, requests)
+            for kind in trips.KINDS:
+                await trips.series(kind, 1, max(requests // 10, 5), [])
+            single = await trips.interleaved(1, requests)
             progress("concurrency 1: done")
-            many = await interleaved(concurrency, max(requests // concurrency, 1))
+            many = await trips.interleaved(concurrency, max(requests // concurrency, 1))
             progress(f"concurrency {concurrency}: done")
             result: dict[str, Any] = {
                 kind: {"concurrency_1": single[kind], f"concurrency_{concurrency}": many[kind]}
-                for kind in kinds
+                for kind in trips.KINDS
             }
-            result["refit_over_floor_ms"] = {
-                name: round(
-                    value["p50_ms"]
-                    - result["echo"][name]["p50_ms"]
-                    - result["patch"][name]["p50_ms"],
-                    3,
-                )
-                for name, value in result["refit"].items()
-            }
-            result["refit_over_chain_ms"] = {
-                name: round(value["p50_ms"] - result["chain"][name]["p50_ms"], 3)
-                for name, value in result["refit"].items()
-            }
+            _over_floors(result)
             return result
         finally:
             await responder.close()

@@ -239,35 +239,41 @@ class Operations(PodOperations):
                 raise ReadTooLate(op)
             call.node = "" if name == subjects.ALL_NODES else name
             call.deadline = deadline
-            if op in NO_WRITE_OPS:
-                if isinstance(request, SnapshotRequest) and request.pod_uid in self.writes.settling:
-                    # Its write is being settled: answer what it settles to, not the state
-                    # before it (which the late write could still change).
-                    async with self._locked(name, deadline, op):
-                        pass
-                return await self._run(call, name, request)
-            async with contextlib.AsyncExitStack() as held:
-                if op not in HOLD_OPS:
-                    await held.enter_async_context(self._locked(name, deadline, op))
-                if op in CAPACITY_OPS:
-                    await held.enter_async_context(self._locked(name, deadline, op, capacity=True))
-                if op != "register":
-                    self._known(name)  # it may have been deleted while this request waited
-                if not self.writes.serves(name):
-                    # The partition was handed over (or its lease ran out) while this request
-                    # waited for the node: its new owner decides, not this replica.
-                    raise Refused(
-                        Code.NODE_UNAVAILABLE,
-                        f"this accounting replica no longer owns node {name}'s partition; retry",
-                    )
-                outcome = await self._run(call, name, request)
-            outcome.changed |= call.observed
-            return outcome
+            return await self._serve(call, op, name, request)
         except Refused as exc:
             return Outcome(self._refusal(reply_kind, exc, name), set(call.observed))
         except MessageError as exc:
             refused = Refused(Code.INVALID_REQUEST, str(exc))
             return Outcome(self._refusal(reply_kind, refused, name), set(call.observed))
+
+    async def _serve(self, call: Call, op: str, name: str, request: AccountingRequest) -> Outcome:
+        """Run a checked request under the node's locks (none for reads, the capacity lock
+        alone for HOLD_OPS), once this replica still serves the node."""
+        deadline = call.deadline
+        if op in NO_WRITE_OPS:
+            if isinstance(request, SnapshotRequest) and request.pod_uid in self.writes.settling:
+                # Its write is being settled: answer what it settles to, not the state before
+                # it (which the late write could still change).
+                async with self._locked(name, deadline, op):
+                    pass
+            return await self._run(call, name, request)
+        async with contextlib.AsyncExitStack() as held:
+            if op not in HOLD_OPS:
+                await held.enter_async_context(self._locked(name, deadline, op))
+            if op in CAPACITY_OPS:
+                await held.enter_async_context(self._locked(name, deadline, op, capacity=True))
+            if op != "register":
+                self._known(name)  # it may have been deleted while this request waited
+            if not self.writes.serves(name):
+                # The partition was handed over (or its lease ran out) while this request
+                # waited for the node: its new owner decides, not this replica.
+                raise Refused(
+                    Code.NODE_UNAVAILABLE,
+                    f"this accounting replica no longer owns node {name}'s partition; retry",
+                )
+            outcome = await self._run(call, name, request)
+        outcome.changed |= call.observed
+        return outcome
 
     @staticmethod
     def _node_name(op: str, node_token: str, node: object, what: str) -> str:

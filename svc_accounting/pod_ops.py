@@ -27,7 +27,7 @@ from svc_accounting.replies import Outcome, Refused
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from shared.core.accounting import TrackedPod
+    from shared.core.accounting import Rows, TrackedPod
     from shared.core.model import ContainerEntry
     from shared.core.pods import PodInfo
     from shared.messages import BindPhaseRequest, ConsumeRequest, MoveRequest, ReserveRequest
@@ -65,25 +65,22 @@ class PodOperations(NodeOperations):
     """Pods whose bind-phase write is under way, by UID: a reserve of one waits its turn."""
     on_drift: Callable[[str, PodInfo, str], None] | None
 
-    async def reserve(self, call: Call, name: str, r: ReserveRequest) -> Outcome:
-        """Hold the scheduler's decision (in place of any earlier reservation of the pod): the
-        ledger counts it and publishes it at once; the pod is written only at bind, when
-        bind-phase `allocating` writes vgpu-node, vgpu-time and both allocation annotations
-        (identical at this point) in one guarded patch."""
-        node = self._known(name)
+    def _reservable(self, node: NodeLedger, r: ReserveRequest) -> Rows:
+        """The reserve's own checks, before its pod is read: decided on this node's current
+        epoch and revision, on a registered node, a decodable value naming only the node's GPUs,
+        for a pod whose bind is not under way, named by Kubernetes names. The decoded rows."""
+        name = node.name
         self._check_epoch(name, r.epoch)
-        revision = r.revision
-        if revision != node.revision:
+        if r.revision != node.revision:
             raise Refused(
                 Code.CONFLICT,
                 f"node {name} is at revision {node.revision}, the request was computed "
-                f"on {revision}",
+                f"on {r.revision}",
             )
         if node.devices is None:
             raise Refused(Code.NODE_UNAVAILABLE, f"node {name} unavailable: node unregistered")
-        value = r.allocated
         try:
-            rows = codec.decode_pod(value)
+            rows = codec.decode_pod(r.allocated)
         except CoreError as exc:
             raise Refused(
                 Code.ANNOTATION_INVALID, f"allocated value does not decode: {exc}"
@@ -94,16 +91,28 @@ class PodOperations(NodeOperations):
             raise Refused(
                 Code.INVALID_REQUEST, f"node {name} has no GPU {shown(', '.join(unknown))}"
             )
-        uid, namespace, pod_name = r.pod_uid, r.pod_namespace, r.pod_name
-        if uid in self.binding:
+        if r.pod_uid in self.binding:
             # Served beside the node's writes (HOLD_OPS), but not beside this pod's own bind:
             # its Binding carries the reservation held now.
-            raise Refused(Code.CONFLICT, f"pod {shown(uid)} is being bound; decide again after")
-        for label, text in (("podNamespace", namespace), ("podName", pod_name)):
+            raise Refused(
+                Code.CONFLICT, f"pod {shown(r.pod_uid)} is being bound; decide again after"
+            )
+        for label, text in (("podNamespace", r.pod_namespace), ("podName", r.pod_name)):
             if not subjects.valid_name(text):
                 raise Refused(
                     Code.INVALID_REQUEST, f"{label} {shown(text)} is not a Kubernetes name"
                 )
+        return rows
+
+    async def reserve(self, call: Call, name: str, r: ReserveRequest) -> Outcome:
+        """Hold the scheduler's decision (in place of any earlier reservation of the pod): the
+        ledger counts it and publishes it at once; the pod is written only at bind, when
+        bind-phase `allocating` writes vgpu-node, vgpu-time and both allocation annotations
+        (identical at this point) in one guarded patch."""
+        node = self._known(name)
+        rows = self._reservable(node, r)
+        value = r.allocated
+        uid, namespace, pod_name = r.pod_uid, r.pod_namespace, r.pod_name
         pod = self.writes.watched_unbound(uid, namespace, pod_name) or await self.writes.read_pod(
             call, namespace, pod_name
         )

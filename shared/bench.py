@@ -1,4 +1,4 @@
-"""`numafit bench`: the figures DESIGN.md asks for, measured in one run on this machine.
+"""`numafit bench`: the figures of docs/reference/bench.md, measured in one run on this machine.
 
 - refit round trip as the device plugin sees it (a refit that moves a reservation: decision,
   accounting's move and a resourceVersion-guarded patch), p50/p99 and throughput at 1 and 64

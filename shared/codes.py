@@ -1,6 +1,6 @@
 """Every reply code numafit sends, in one enum.
 
-The refit contract's codes (DESIGN.md, "Refit request") plus accounting's `ok`. Accounting's
+The refit contract's codes (docs/reference/refit-codes.md) plus accounting's `ok`. Accounting's
 refusals use the refit's names (`conflict`, `no_fit`, `node_unavailable`, ...), so one enum
 covers both. Metric labels that are no reply code (`internal_error`, `unavailable`,
 `binding_failed`, ...) are deliberately not members.
@@ -69,7 +69,7 @@ FAILURE: Final = frozenset(Code) - SUCCESS
 
 REFIT_SUCCESS: Final = frozenset({Code.MOVED, Code.ALREADY_ALIGNED})
 REFIT_FAILURE: Final = frozenset(FAILURE)
-"""DESIGN.md's failure codes of a refit reply (every refusal code is one)."""
+"""The failure codes of a refit reply (docs/reference/refit-codes.md): every refusal code is one."""
 REFIT: Final = REFIT_SUCCESS | REFIT_FAILURE
 """Every code a refit reply may carry (all but `ok`)."""
 

@@ -7,10 +7,10 @@ Expected `int`, got `str` - at `$.containerIndex``. The messages themselves are 
 per family (messages_refit, messages_accounting, messages_usage, and the shapes nested in
 accounting's replies in messages_shapes); shared/messages.py names them all.
 
-How fields are omitted. A field is left out of the JSON exactly when today's code leaves it out:
+How fields are omitted. A field is left out of the JSON exactly when its sender leaves it out:
 
 - messages (`Message`) omit fields at their default, which is `None` (or `False`) for every
-  field today's code sends only sometimes (`error`, `revision`, `podResourceVersion`, ...);
+  field a sender writes only sometimes (`error`, `revision`, `podResourceVersion`, ...);
 - a field typed `... | UnsetType` is written exactly when it was set (absent on the wire is
   `UNSET`): `"pod": null` (pending, and a snapshot asked with a podUID) beside no `pod` at
   all (refusals), `containerName` only when the sender wrote one, `v` only when set;

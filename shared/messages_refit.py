@@ -16,7 +16,8 @@ from shared.messages_base import Int, Message, NonNegative, TimeoutMs
 
 
 class RefitRequest(Message, frozen=True, kw_only=True, omit_defaults=False):
-    """`numafit.refit.v1.<node>`: HAMi's fields plus `mode` and `timeoutMs` (DESIGN.md).
+    """`numafit.refit.v1.<node>`: HAMi's fields plus `mode` and `timeoutMs`
+    (docs/reference/messages.md).
 
     Every field may be absent, as a Go decoder would leave it: strings empty (refused later by
     the core as incomplete), `containerIndex` 0, no allowed devices, `mode` best-effort,

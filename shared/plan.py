@@ -1,9 +1,9 @@
 """`numafit plan`: the pure refit decision on a case file, offline.
 
 A case holds a Node (with HAMi's register annotation), the Pods bound to it, optional
-ResourceQuotas and scheduler config, and one refit request. The answer is the refit reply of
-DESIGN.md plus the annotation values that would be patched and the node's usage afterwards,
-counted phase-aware exactly as the accounting service counts it.
+ResourceQuotas and scheduler config, and one refit request. The answer is the refit reply
+(docs/reference/messages.md) plus the annotation values that would be patched and the node's
+usage afterwards, counted phase-aware exactly as the accounting service counts it.
 """
 
 from __future__ import annotations

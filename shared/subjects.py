@@ -1,7 +1,7 @@
 """Every NATS subject and queue group numafit uses; no subject literal lives anywhere else.
 
-Node names become one subject token: every `.` is replaced by `_` (DESIGN.md), so a node's
-subjects can be granted to that node alone with one permission entry.
+Node names become one subject token: every `.` is replaced by `_` (docs/reference/messages.md),
+so a node's subjects can be granted to that node alone with one permission entry.
 
 Accounting's subjects also carry the node's *slot* (shared/core/partitions.py), just before the
 node token: `numafit.accounting.v1.<op>.<slot>.<node>`. The slot is a pure function of the node

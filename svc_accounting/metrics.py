@@ -1,4 +1,5 @@
-"""Accounting's Prometheus metrics (names fixed by DESIGN.md), on the service's own registry.
+"""Accounting's Prometheus metrics (names fixed: docs/reference/metrics.md), on the service's
+own registry.
 
 Labelled counters start at zero for every label value the service can produce, so alert ratios
 read 0 rather than "no data" after a restart. Per-node and per-GPU series are removed when the

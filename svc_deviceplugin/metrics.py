@@ -1,4 +1,4 @@
-"""The device plugin's Prometheus metrics (names fixed by DESIGN.md).
+"""The device plugin's Prometheus metrics (names fixed: docs/reference/metrics.md).
 
 Every labelled series the plugin can produce is created at zero when the metrics are built,
 so dashboards and alerts (`rate()`, `increase()`) see a series from the first scrape, and label

@@ -1,4 +1,4 @@
-"""svc_refit's Prometheus metrics (names fixed by DESIGN.md).
+"""svc_refit's Prometheus metrics (names fixed: docs/reference/metrics.md).
 
 Every labelled counter is created at zero for each label value it can take, so that alert
 ratios (refusals over requests, say) evaluate to 0 rather than to nothing before the first one.
@@ -17,7 +17,8 @@ from shared.service.counters import at_zero
 MODES = ("best-effort", "strict", "unknown")
 """`mode` label values: the request's mode, `unknown` when the request did not parse."""
 CODES = tuple(code.value for code in Code if code in codes.REFIT)
-"""`code` label values: every code a refit reply may carry (DESIGN.md's order)."""
+"""`code` label values: every code a refit reply may carry (in docs/reference/refit-codes.md's
+order)."""
 COMMIT_RESULTS = (
     Code.OK.value,
     "unavailable",
@@ -25,7 +26,7 @@ COMMIT_RESULTS = (
     *(c.value for c in Code if c in codes.REFIT and c is not Code.MOVED),
 )
 """`result` of a move sent to accounting: `ok`, a refusal code, `unavailable` (no answer),
-`other` (a code outside DESIGN.md's list)."""
+`other` (a code outside that list)."""
 EVENT_RESULTS = events.RESULTS
 UNCERTAIN_OUTCOMES = ("landed", "not_landed", "unknown")
 

@@ -93,8 +93,8 @@ LANDED_GRACE = 0.25
 
 
 class SnapshotRefused(Exception):
-    """Accounting answered a snapshot with a refusal (`code`: a DESIGN.md code; one this
-    build does not know is `api_error`)."""
+    """Accounting answered a snapshot with a refusal (`code`: a reply code, as listed in
+    docs/reference/refit-codes.md; one this build does not know is `api_error`)."""
 
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)

@@ -1,4 +1,4 @@
-"""svc_scheduler's Prometheus metrics (the filter names are fixed by DESIGN.md)."""
+"""svc_scheduler's Prometheus metrics (the filter names are fixed: docs/reference/metrics.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`numafit bench` runs and reports every figure DESIGN.md names (speed goals live in the bench,
+"""`numafit bench` runs and reports every figure the bench contract names (speed goals live in the bench,
 not in timed tests: nothing here asserts a duration)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Run a scenario and report it: DESIGN.md's JSON, or a table a person can read."""
+"""Run a scenario and report it: the JSON of docs/reference/simulate.md, or a table a person
+can read."""
 
 from __future__ import annotations
 

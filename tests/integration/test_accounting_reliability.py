@@ -44,7 +44,7 @@ RESULTS = (
     "deadline_exceeded",
     "api_error",
 )
-"""Every result an accounting operation can answer with (DESIGN.md's codes accounting uses)."""
+"""Every result an accounting operation can answer with (the reply codes accounting uses)."""
 
 
 def objects(*pods: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -2,7 +2,7 @@
 
 Random refit bodies (not JSON, not objects, fields of every type, the real pod's identity mixed
 with garbage) on random subject tokens, against the in-process accounting and refit services:
-every one is answered `succeeded: false` with a DESIGN.md code, nothing in the ledger or on the
+every one is answered `succeeded: false` with a refit reply code, nothing in the ledger or on the
 API server changes, and a valid refit is still answered (and moves) afterwards.
 """
 

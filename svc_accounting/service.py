@@ -29,7 +29,6 @@ import nats.errors
 import nats.micro
 
 from shared import messages, subjects
-from shared.codes import Code
 from shared.core.errors import CoreError
 from shared.core.pods import PodInfo, pod_from_object
 from shared.core.quota import limits_from_quotas
@@ -39,15 +38,15 @@ from shared.service.follow import follow
 from shared.service.health import Readiness
 from shared.service.supervisor import Supervisor
 from shared.service.wiring import ServiceSpec
-from shared.subjects import shown
 from svc_accounting.intents import IntentLog
 from svc_accounting.leases import Leases, OwnershipChange
 from svc_accounting.ledger import Ledger, NodeLedger, node_lock
 from svc_accounting.metrics import AccountingMetrics
 from svc_accounting.operations import Operations
-from svc_accounting.ownership import Admission, Ownership
-from svc_accounting.replies import ReadTooLate, Unanswerable, bounded
+from svc_accounting.ownership import Ownership
+from svc_accounting.replies import bounded
 from svc_accounting.routes import Routes
+from svc_accounting.serving import RequestServer
 from svc_accounting.settings import AccountingOptions as AccountingOptions  # re-exported
 from svc_accounting.unbound import UnboundPods
 
@@ -77,8 +76,6 @@ DRAIN_WRITES_FACTOR = 2.0
 """A handover waits at most this many write timeouts for the writes under way (a write and the
 fence that settles it when its answer does not come)."""
 EXPIRY_CHECK_SECONDS = 1.0
-LATE_WARN_EVERY = 10.0
-"""Seconds between warnings about requests dropped for being read after their deadline."""
 """Held reservations are checked for expiry at least this often."""
 
 
@@ -140,8 +137,6 @@ class AccountingService:
         self._quotas: dict[tuple[str, str], dict[str, Any]] = {}
         """Every ResourceQuota object by (namespace, name), as the list and watch show them."""
         self.replica = options.replica_id or default_replica_id()
-        self._late_dropped = 0
-        self._late_warned_at = -LATE_WARN_EVERY
         self._rebuilt_at: float | None = None
         """When the ledger was last listed whole (a takeover right after needs no relist)."""
         self.leases: Leases | None = None
@@ -164,6 +159,10 @@ class AccountingService:
                 nc, bucket=options.lease_bucket, timeout=self.leases.kv_timeout
             )
         self.ownership = Ownership(self.leases)
+        self.requests = RequestServer(
+            nc, self.ops, self.ownership, self.ledger, self.metrics, self._publish_changed
+        )
+        """Each delivered request: checked, served, answered once, its change published."""
         # A drain runs inside a lease round: bounded so that the other partitions' renewals
         # are not held up past their deadline.
         drain = options.write_timeout
@@ -599,115 +598,7 @@ class AccountingService:
     # --- requests ---------------------------------------------------------------------------
 
     async def _deliver(self, msg: Msg) -> None:
-        await self.supervisor.request(self._serve(msg), name="accounting-request")
-
-    async def _serve(self, msg: Msg) -> None:
-        received = time.monotonic()  # the request's relative deadline counts from here
-        addressed = subjects.parse_accounting(msg.subject)
-        if addressed is None or not addressed.slot_matches():
-            # Built by hand (the slot is not the node's): it reached the owner of another
-            # node, the one replica subscribed to that slot, which says so.
-            await self._answer_invalid(msg, addressed)
-            return
-        op, token = addressed.op, addressed.token
-        admission = self.ownership.admit(addressed.slot)
-        if admission is Admission.DROP:
-            return  # the lease ran out: another replica may own the partition and answer
-        if admission is Admission.REFUSE:
-            self.metrics.unowned.inc()
-            with contextlib.suppress(Exception):
-                await self._reply(msg, messages.encode(self._unowned(addressed)))
-            return
-        try:
-            outcome = await self.ops.handle(op, token, msg.data, received)
-            reply = outcome.reply
-            data = messages.encode(reply)
-        except (ReadTooLate, Unanswerable):
-            self._warn_late(op)
-            return
-        except Exception:
-            log.exception("accounting operation failed", extra={"op": op})
-            self.metrics.result(op, None)
-            with contextlib.suppress(Exception):
-                internal = messages.AccountingReply(
-                    ok=False, code=Code.API_ERROR, error="internal error"
-                )
-                await self._reply(msg, messages.encode(internal))
-            return
-        try:
-            # The answer first: the caller's next step does not wait for the publishing and
-            # bookkeeping below (the ledger already holds the change the reply reports).
-            await self._reply(msg, data)
-        except nats.errors.Error as exc:
-            # Only the reply is lost (the caller's wait runs out): what the operation did
-            # stands, so it is counted as what it was and its change is still published.
-            self.metrics.replies_lost.inc()
-            log.warning(
-                "accounting reply could not be sent",
-                extra={"op": op, "code": reply.code, "error": bounded(repr(exc))},
-            )
-        self.metrics.result(op, outcome.code)
-        if not reply.ok:
-            log.info(
-                "accounting refused",
-                extra={
-                    "op": op,
-                    "code": reply.code,
-                    "subject": shown(msg.subject),
-                    "error": bounded(reply.error or ""),
-                },
-            )
-        if outcome.changed:
-            try:
-                await self._publish_changed(outcome.changed)
-            except Exception:
-                log.exception("publishing a change failed", extra={"op": op})
-
-    async def _reply(self, msg: Msg, data: bytes) -> None:
-        """The one answer to `msg` (none when its sender asked for none)."""
-        if msg.reply:
-            await natsconn.publish(self.nc, msg.reply, data)
-
-    async def _answer_invalid(self, msg: Msg, addressed: subjects.AccountingSubject | None) -> None:
-        kinds = None if addressed is None else messages.OPS.get(addressed.op)
-        kind = messages.AccountingReply if kinds is None else kinds[1]
-        error = (
-            f"subject {shown(msg.subject)} is not an accounting subject"
-            if addressed is None
-            else f"subject {shown(msg.subject)} names slot {addressed.slot}, not the node's"
-        )
-        refusal = kind(ok=False, code=Code.INVALID_REQUEST, error=error, epoch=self.ledger.epoch)
-        with contextlib.suppress(Exception):
-            await self._reply(msg, messages.encode(refusal))
-
-    def _warn_late(self, op: str) -> None:
-        """One warning per LATE_WARN_EVERY seconds, however many requests are read late (a
-        replica resumed after a pause reads a socket full of them)."""
-        self._late_dropped += 1
-        now = time.monotonic()
-        if now - self._late_warned_at >= LATE_WARN_EVERY:
-            log.warning(
-                "requests past their deadline were dropped unanswered (read late, or settled "
-                "after losing the partition): this replica was paused, a takeover kept them "
-                "too long, or clocks disagree (NTP)",
-                extra={"op": op, "dropped": self._late_dropped},
-            )
-            self._late_warned_at = now
-            self._late_dropped = 0
-
-    def _unowned(self, addressed: subjects.AccountingSubject) -> messages.AccountingReply:
-        kinds = messages.OPS.get(addressed.op)
-        kind = messages.AccountingReply if kinds is None else kinds[1]
-        k = self.ownership.partition(addressed.node)
-        return kind(
-            ok=False,
-            code=Code.NODE_UNAVAILABLE,
-            error=(
-                f"this accounting replica is handing node {shown(addressed.token)}'s partition "
-                f"{k} over (a takeover is under way): retry"
-            ),
-            epoch=self.ledger.epoch,
-        )
+        await self.supervisor.request(self.requests.serve(msg), name="accounting-request")
 
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()

@@ -248,25 +248,41 @@ def fit_container(
                 reasons[NUMA_NOT_FIT] += len(taken)
                 taken = []
             run_numa = info.numa
-        memreq = request.mem_on(info.devmem)
-        candidate = ContainerDevice(info.id, request.type, memreq, cores, info.index)
         if reason is None:
             reason = _selection_refusal(device, options)
-        if reason is None and not _quota_fits(quota, pod_rows, position, (*taken, candidate)):
-            reason = RESOURCE_QUOTA_NOT_FIT
-        if reason is None:
-            reason = _capacity_refusal(device, memreq, cores)
-        if reason is not None:
-            reasons[reason] += 1
-            verdicts.append(DeviceVerdict(info.id, info.numa, reason))
+        # The candidate is built only for a device that passed the cheap checks (this loop
+        # runs for every device of every candidate node on each filter).
+        picked = reason or _try_device(device, request, cores, taken, quota, pod_rows, position)
+        if isinstance(picked, str):
+            reasons[picked] += 1
+            verdicts.append(DeviceVerdict(info.id, info.numa, picked))
             continue
-        taken.append(candidate)
+        taken.append(picked)
         verdicts.append(DeviceVerdict(info.id, info.numa, PICKED))
         if len(taken) == request.nums:
             return ContainerFit(tuple(taken), {}, considered, tuple(verdicts))
     if taken:
         reasons[ALLOCATED_INSUFFICIENT] += len(taken)
     return ContainerFit((), dict(reasons), considered, tuple(verdicts))
+
+
+def _try_device(
+    device: DeviceUsage,
+    request: ContainerRequest,
+    cores: int,
+    taken: Sequence[ContainerDevice],
+    quota: QuotaProbe | None,
+    pod_rows: Mapping[int, ContainerEntry],
+    position: int,
+) -> ContainerDevice | str:
+    """The container's share of `device`, or why it cannot have it: the quota probe with the
+    picks so far, then the device's free memory and cores."""
+    info = device.info
+    memreq = request.mem_on(info.devmem)
+    candidate = ContainerDevice(info.id, request.type, memreq, cores, info.index)
+    if not _quota_fits(quota, pod_rows, position, (*taken, candidate)):
+        return RESOURCE_QUOTA_NOT_FIT
+    return _capacity_refusal(device, memreq, cores) or candidate
 
 
 def _quota_fits(

@@ -326,29 +326,17 @@ class PodWrites:
         can never land (its precondition fails), or conflicts, and then a read shows whether
         the late write landed. Tried until settled (the API server may be down): the caller's
         deadline has passed, and the answer says what is known."""
-        fence = self._fence()
         # One write per node at a time (the node's lock), so one settle per pod at a time.
         self.settling.add(pod.uid)
         try:
-            fenced = await self._until_answered(
-                call,
-                pod,
-                lambda: self.kube.patch_pod_annotations(
-                    pod.namespace, pod.name, fence, pod.resource_version
-                ),
-            )
-            if fenced is None:
+            now, fenced = await self._fence_at(call, pod, pod.resource_version)
+            if not fenced:
                 # The fence conflicted: the pod changed after the write was sent. Whether the
-                # write is what landed, a read tells.
-                fresh = await self._until_answered(
-                    call, pod, lambda: self.kube.get_pod(pod.namespace, pod.name)
-                )
-                if fresh is None:  # pragma: no cover - a read never conflicts
-                    raise AssertionError("a read answered 409")
-                return self._landed_or_not(call, pod, fresh, annotations, waited, epoch)
+                # write is what landed, the pod as read tells.
+                return self._landed_or_not(call, pod, now, annotations, waited, epoch)
         finally:
             self.settling.discard(pod.uid)
-        self.observe(call, fenced)
+        self.observe(call, now)
         self._settled("fenced")
         what = f"did not finish in {waited:.3f}s" if cause is None else f"failed ({cause})"
         raise Refused(
@@ -368,29 +356,38 @@ class PodWrites:
         answers (the caller bounds it: the partition is not served meanwhile). The outcome:
         `fenced`, `superseded` or `gone`."""
         call = Call()  # no request: the takeover's own
-        fence = self._fence()
         try:
-            fenced = await self._until_answered(
-                call,
-                intent,
-                lambda: self.kube.patch_pod_annotations(
-                    intent.namespace, intent.name, fence, intent.resource_version
-                ),
-            )
-            if fenced is None:
-                fresh = await self._until_answered(
-                    call, intent, lambda: self.kube.get_pod(intent.namespace, intent.name)
-                )
-                if fresh is None:  # pragma: no cover - a read never conflicts
-                    raise AssertionError("a read answered 409")
-                self.observe(call, fresh)
-                self._settled("superseded")
-                return "superseded"
+            now, fenced = await self._fence_at(call, intent, intent.resource_version)
         except Refused:
             return "gone"  # deleted or recreated: nothing of it can land
-        self.observe(call, fenced)
-        self._settled("fenced")
-        return "fenced"
+        self.observe(call, now)
+        outcome = "fenced" if fenced else "superseded"
+        self._settled(outcome)
+        return outcome
+
+    async def _fence_at(
+        self, call: Call, pod: PodRef, resource_version: str
+    ) -> tuple[PodInfo, bool]:
+        """A guarded write of accounting's own (a fence) at `resource_version`, retried until
+        answered: (the pod it left, True) when it landed (a late write guarded by that version
+        can never land now), else (the pod as read after its 409, False). A pod deleted or
+        recreated meanwhile is refused (`pod_not_tracked`)."""
+        fence = self._fence()
+        fenced = await self._until_answered(
+            call,
+            pod,
+            lambda: self.kube.patch_pod_annotations(
+                pod.namespace, pod.name, fence, resource_version
+            ),
+        )
+        if fenced is not None:
+            return fenced, True
+        fresh = await self._until_answered(
+            call, pod, lambda: self.kube.get_pod(pod.namespace, pod.name)
+        )
+        if fresh is None:  # pragma: no cover - a read never conflicts
+            raise AssertionError("a read answered 409")
+        return fresh, False
 
     def _fence(self) -> dict[str, str | None]:
         """The annotation a fencing write sets (who fenced, when): a write of its own that

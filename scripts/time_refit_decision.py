@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.core import keys
 from shared.core.refit import decide_refit
-from shared.plan import load_case, run_plan
+from shared.tools.plan import load_case, run_plan
 
 
 def container(name: str, mem: int, cores: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shared.nats_server import NatsServer, environment_has_docker
+from shared.testing.nats_server import NatsServer, environment_has_docker
 from tests import tiers
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shared.bench_real import CONFIGURATIONS, skipped_reason, summarize_runs
-from shared.bench_real_cluster import counter_values, histogram_sums, profile_delta
+from shared.tools.bench_real import CONFIGURATIONS, skipped_reason, summarize_runs
+from shared.tools.bench_real_cluster import counter_values, histogram_sums, profile_delta
 
 NUMAFIT = str(Path(sys.executable).with_name("numafit"))
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared import cli
-from shared.local import defaults
-from shared.simulate.report import simulate
-from shared.simulate.scenario import parse_scenario
+from shared.tools import cli
+from shared.tools.local import defaults
+from shared.tools.simulate.report import simulate
+from shared.tools.simulate.scenario import parse_scenario
 
 if TYPE_CHECKING:
-    from shared.simulate.cluster import SimCluster
+    from shared.tools.simulate.cluster import SimCluster
 
 SCENARIO = """
 nodes:

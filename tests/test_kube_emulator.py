@@ -22,14 +22,14 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 
-from shared.kube_emulator import AdmissionDenied, AdmissionRequest, KubeEmulator, main
-from shared.kube_emulator.patching import (
+from shared.testing.kube_emulator import AdmissionDenied, AdmissionRequest, KubeEmulator, main
+from shared.testing.kube_emulator.patching import (
     PatchError,
     json_patch,
     merge_patch,
     strategic_merge_patch,
 )
-from shared.kube_emulator.selectors import (
+from shared.testing.kube_emulator.selectors import (
     SelectorError,
     parse_field_selector,
     parse_label_selector,
@@ -38,7 +38,7 @@ from shared.kube_emulator.selectors import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable
 
-    from shared.kube_emulator.objects import JSONDict
+    from shared.testing.kube_emulator.objects import JSONDict
 
 T = TypeVar("T")
 
@@ -1135,7 +1135,7 @@ async def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "shared.kube_emulator",
+        "shared.testing.kube_emulator",
         "--port",
         "0",
         "--kubeconfig-out",

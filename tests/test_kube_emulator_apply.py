@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared.kube_emulator import KubeEmulator
-from shared.kube_emulator import apply as server_side_apply
-from shared.kube_emulator.resources import PODS
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import apply as server_side_apply
+from shared.testing.kube_emulator.resources import PODS
 from tests.test_kube_emulator_dry_run import DRY, Raw
 
 if TYPE_CHECKING:

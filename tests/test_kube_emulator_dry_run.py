@@ -15,15 +15,15 @@ import orjson
 import pytest
 from aiohttp import web
 
-from shared.kube_emulator import AdmissionRequest, KubeEmulator
-from shared.kube_emulator.remote_webhook import remote_webhook
+from shared.testing.kube_emulator import AdmissionRequest, KubeEmulator
+from shared.testing.kube_emulator.remote_webhook import remote_webhook
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from multidict import CIMultiDictProxy
 
-    from shared.kube_emulator.objects import JSONDict
+    from shared.testing.kube_emulator.objects import JSONDict
 
 WAIT_S = 5.0
 PODS = "/api/v1/namespaces/default/pods"

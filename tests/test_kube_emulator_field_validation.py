@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 from tests.test_kube_emulator_dry_run import Raw, pod_body
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CustomObjectsApi
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

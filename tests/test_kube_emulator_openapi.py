@@ -23,7 +23,7 @@ from google.protobuf import (  # type: ignore[import-untyped]
     message_factory,
 )
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator

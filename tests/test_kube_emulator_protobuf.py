@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import pytest
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 from tests.test_kube_emulator_dry_run import Raw
 
 if TYPE_CHECKING:

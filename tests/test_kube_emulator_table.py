@@ -14,15 +14,15 @@ import aiohttp
 import orjson
 import pytest
 
-from shared.kube_emulator import KubeEmulator
-from shared.kube_emulator.resources import NODES, PODS, RESOURCE_QUOTAS
-from shared.kube_emulator.table import human_duration, table
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator.resources import NODES, PODS, RESOURCE_QUOTAS
+from shared.testing.kube_emulator.table import human_duration, table
 from tests.test_kube_emulator_dry_run import WAIT_S, Raw, pod_body
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from shared.kube_emulator.objects import JSONDict
+    from shared.testing.kube_emulator.objects import JSONDict
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 KUBECTL_ACCEPT = f"{TABLE},application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"

@@ -13,12 +13,12 @@ import aiohttp
 import orjson
 import pytest
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from shared.kube_emulator.objects import JSONDict
+    from shared.testing.kube_emulator.objects import JSONDict
 
 PODS = "/api/v1/namespaces/default/pods"
 LIMIT = 262144

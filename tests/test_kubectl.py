@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -31,7 +31,8 @@ from shared.core.numa_prediction import (
     TopologyScope,
     predict_pod,
 )
-from shared.kubelet_emulator import (
+from shared.service.kube_io import KubeError
+from shared.testing.kubelet_emulator import (
     ContainerAsk,
     DeviceAllocation,
     FreeDevice,
@@ -46,9 +47,8 @@ from shared.kubelet_emulator import (
     parse_cpus,
     place,
 )
-from shared.kubelet_emulator.ledger import ContainerKey, CpuLedger
-from shared.kubelet_emulator.placement import Placement, replicas_per_numa
-from shared.service.kube_io import KubeError
+from shared.testing.kubelet_emulator.ledger import ContainerKey, CpuLedger
+from shared.testing.kubelet_emulator.placement import Placement, replicas_per_numa
 
 RESOURCE = "nvidia.com/gpu"
 GPUS = {"GPU-a": 0, "GPU-b": 1, "GPU-c": 1}  # uuid -> NUMA node

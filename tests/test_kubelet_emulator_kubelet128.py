@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from shared.core.model import ContainerKind
-from shared.kubelet_emulator import (
+from shared.testing.kubelet_emulator import (
     ContainerAsk,
     KubeletConfig,
     KubeletEmulator,

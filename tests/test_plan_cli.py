@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from shared import cli
 from shared.core import keys
+from shared.tools import cli
 from tests.builders import case, container, gpu, node, pod, refit_request
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shared import cli
+from shared.tools import cli
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,9 +21,9 @@ REQUIRED = {"sim-node": ["--topology", "gpus.yaml"]}
 
 
 def parser_of(target: str) -> argparse.ArgumentParser:
-    from shared.kube_emulator.cli import build_parser as kube_emulator
-    from shared.kubelet_emulator.cli import build_parser as kubelet_emulator
-    from shared.simulate.sim_node import build_parser as sim_node
+    from shared.testing.kube_emulator.cli import build_parser as kube_emulator
+    from shared.testing.kubelet_emulator.cli import build_parser as kubelet_emulator
+    from shared.tools.simulate.sim_node import build_parser as sim_node
     from svc_accounting.__main__ import build_parser as accounting
     from svc_deviceplugin.__main__ import build_parser as deviceplugin
     from svc_refit.__main__ import build_parser as refit
@@ -40,7 +40,7 @@ def parser_of(target: str) -> argparse.ArgumentParser:
     }
     if target == "up":
         up = argparse.ArgumentParser(prog="numafit up")
-        from shared.local.command import add_arguments
+        from shared.tools.local.command import add_arguments
 
         add_arguments(up)
         return up
@@ -90,7 +90,7 @@ def test_an_unknown_log_level_is_a_usage_error(
 def test_sim_node_refuses_a_bad_topology_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from shared.simulate.sim_node import main
+    from shared.tools.simulate.sim_node import main
 
     topology = tmp_path / "gpus.yaml"
     topology.write_text("gpus:\n  - {uuid: GPU-a, model: NVIDIA H100, memory: lots, numa: 0}\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.simulate.scenario import ScenarioError, parse_scenario
+from shared.tools.simulate.scenario import ScenarioError, parse_scenario
 
 NUMAFIT = str(Path(sys.executable).with_name("numafit"))
 

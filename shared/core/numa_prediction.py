@@ -1,6 +1,6 @@
 """Which NUMA node kubelet's Topology Manager gives a container: one pure rule, two users.
 
-The kubelet emulator (shared/kubelet_emulator/placement.py) admits containers by it, and the
+The kubelet emulator (shared/testing/kubelet_emulator/placement.py) admits containers by it, and the
 scheduler predicts kubelet's choice by it before fitting GPUs, so that the GPUs it reserves are
 the ones kubelet will offer and no refit is needed. The rule, as the emulator models kubelet
 v1.28 (static CPU manager, one NUMA node per container, container scope):

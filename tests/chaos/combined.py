@@ -41,9 +41,9 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
-from shared.kube_emulator import KubeEmulator
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.nats_server import NatsServer
 from tests.builders import container, gpu, node, pod
 from tests.chaos.support import (
     create,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-    from shared.kube_emulator.store import Change
+    from shared.testing.kube_emulator.store import Change
     from tests.chaos.support import ServiceProcess
 
 NODES = ("node-1", "node-2", "node-3")

@@ -23,9 +23,9 @@ import orjson
 from shared import subjects
 from shared.accounting_client import AccountingUnavailable
 from shared.core.webhook_rules import DEFAULT_SCHEDULER_NAME
-from shared.kube_emulator import KubeEmulator
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.nats_server import NatsServer
 from tests.builders import container, gpu, node, pod
 from tests.chaos.support import (
     NO_REPLY,

@@ -21,8 +21,8 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
-from shared.kube_emulator import FaultRule, KubeEmulator
 from shared.service import natsconn
+from shared.testing.kube_emulator import FaultRule, KubeEmulator
 from tests.builders import gpu, node
 from tests.chaos.support import (
     allocated_by_uid,

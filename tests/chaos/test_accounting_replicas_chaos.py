@@ -27,10 +27,10 @@ import orjson
 from shared import subjects
 from shared.core import keys
 from shared.core.partitions import partition_of
-from shared.kube_emulator import KubeEmulator
 from shared.messages import SnapshotReply, SnapshotRequest
-from shared.nats_server import NatsCluster
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.nats_server import NatsCluster
 from tests.builders import gpu, node
 from tests.chaos.support import (
     ServiceProcess,

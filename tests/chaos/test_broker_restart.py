@@ -17,8 +17,8 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.nats_server import NatsServer
 from tests.builders import gpu, node
 from tests.chaos.support import (
     Stopwatch,

@@ -25,9 +25,9 @@ from grpc import aio
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared.core import keys
 from shared.core.partitions import owner_of
-from shared.kube_emulator import KubeEmulator
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService

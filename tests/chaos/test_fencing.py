@@ -22,8 +22,8 @@ import orjson
 from shared import subjects
 from shared.core import keys
 from shared.core.partitions import targets
-from shared.kube_emulator import KubeEmulator
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
 from tests.builders import container, gpu, node, pod
 from tests.chaos.support import (
     create,

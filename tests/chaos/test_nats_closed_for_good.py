@@ -21,9 +21,9 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
-from shared.kube_emulator import KubeEmulator
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.nats_server import NatsServer
 from tests.builders import gpu, node
 from tests.chaos.support import (
     ServiceProcess,

@@ -18,8 +18,8 @@ import orjson
 
 from shared import subjects
 from shared.core import keys
-from shared.kube_emulator import KubeEmulator
 from shared.service import natsconn
+from shared.testing.kube_emulator import KubeEmulator
 from tests.builders import gpu, node
 from tests.chaos.support import (
     Stopwatch,

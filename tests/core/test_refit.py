@@ -26,7 +26,7 @@ from shared.core.pods import pod_from_object
 from shared.core.policy import parse_policy
 from shared.core.refit import preload
 from shared.core.requests import ContainerRequest
-from shared.plan import load_case, run_plan
+from shared.tools.plan import load_case, run_plan
 from tests.builders import case, container, gpu, node, pod, quota, refit_request
 
 HANDOUT = Path(__file__).resolve().parents[3] / "shared" / "examples"

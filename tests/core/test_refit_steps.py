@@ -25,7 +25,7 @@ from shared.core.refit import (
     restricted_fit,
     rewrite,
 )
-from shared.plan import Case, load_case, run_plan
+from shared.tools.plan import Case, load_case, run_plan
 from tests.builders import case, container, gpu, node, pod, refit_request
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.core import keys
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
+from shared.testing.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import GpuInfo, SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService, PluginOptions, spec

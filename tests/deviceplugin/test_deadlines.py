@@ -27,8 +27,8 @@ from grpc import aio
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared import subjects
 from shared.core import keys
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
 from shared.service import natsconn
+from shared.testing.kubelet_emulator import KubeletConfig, KubeletEmulator, TopologyPolicy
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService

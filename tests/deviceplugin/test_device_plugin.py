@@ -14,7 +14,7 @@ from grpc import aio
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared import subjects
 from shared.core import keys
-from shared.kubelet_emulator import TopologyPolicy, UnexpectedAdmissionError
+from shared.testing.kubelet_emulator import TopologyPolicy, UnexpectedAdmissionError
 from tests.builders import container
 from tests.deviceplugin.stack import RESOURCE, Stack, gpu, gpu_pod, node_stack
 from tests.integration.harness import wait_for

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from shared.core import keys
-from shared.kubelet_emulator import KubeletConfig, KubeletEmulator
+from shared.testing.kubelet_emulator import KubeletConfig, KubeletEmulator
 from svc_deviceplugin.discovery import (
     DiscoveryError,
     HealthEvent,

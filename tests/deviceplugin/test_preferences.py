@@ -17,7 +17,7 @@ from grpc import aio
 
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from shared.core import keys
-from shared.kubelet_emulator import UnexpectedAdmissionError
+from shared.testing.kubelet_emulator import UnexpectedAdmissionError
 from tests.builders import container
 from tests.deviceplugin.stack import Stack, gpu, gpu_pod, node_stack
 from tests.metrics import sample
@@ -238,7 +238,7 @@ async def test_the_emulated_kubelet_reuses_the_init_containers_replica(
     nats_url: str, tmp_path: Path
 ) -> None:
     from shared.core.model import ContainerKind
-    from shared.kubelet_emulator import ContainerAsk
+    from shared.testing.kubelet_emulator import ContainerAsk
 
     async with node_stack(nats_url, tmp_path, [init_then_app(None)]) as stack:
         uid = await stack.uid("train")

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.simulate.report import public, simulate
-from shared.simulate.scenario import ScenarioError, parse_scenario
+from shared.tools.simulate.report import public, simulate
+from shared.tools.simulate.scenario import ScenarioError, parse_scenario
 
 if TYPE_CHECKING:
-    from shared.simulate.cluster import SimCluster
+    from shared.tools.simulate.cluster import SimCluster
 
 NODE = """
 nodes:

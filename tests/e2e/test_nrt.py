@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared.simulate.cluster import SimCluster
-from shared.simulate.driver import Driver
-from shared.simulate.report import build_report, public, simulate
-from shared.simulate.scenario import ScenarioError, load_scenario, parse_scenario
+from shared.tools.simulate.cluster import SimCluster
+from shared.tools.simulate.driver import Driver
+from shared.tools.simulate.report import build_report, public, simulate
+from shared.tools.simulate.scenario import ScenarioError, load_scenario, parse_scenario
 
 if TYPE_CHECKING:
-    from shared.simulate.scenario import Scenario
+    from shared.tools.simulate.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "shared" / "data" / "demo-scenario.yaml"

@@ -14,11 +14,11 @@ import pytest
 
 from shared.core.nrt import parse_nrt
 from shared.core.pods import Alignment
-from shared.kubelet_emulator import TopologyAffinityError, UnexpectedAdmissionError
 from shared.service import natsconn
 from shared.service.kube_topology import TopologyApi
-from shared.simulate.driver import Observed, observed_refit
-from shared.simulate.sim_node import build_parser, run
+from shared.testing.kubelet_emulator import TopologyAffinityError, UnexpectedAdmissionError
+from shared.tools.simulate.driver import Observed, observed_refit
+from shared.tools.simulate.sim_node import build_parser, run
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.simulate.report import public, render_table, simulate
-from shared.simulate.scenario import ScenarioError, load_scenario, parse_scenario
+from shared.tools.simulate.report import public, render_table, simulate
+from shared.tools.simulate.scenario import ScenarioError, load_scenario, parse_scenario
 
 if TYPE_CHECKING:
-    from shared.simulate.cluster import SimCluster
+    from shared.tools.simulate.cluster import SimCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "demo-scenario.yaml"

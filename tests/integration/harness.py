@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from shared import subjects
-from shared.kube_emulator import KubeEmulator
 from shared.service import natsconn
 from shared.service.wiring import InProcess
+from shared.testing.kube_emulator import KubeEmulator
 from svc_accounting import service as accounting_service
 from svc_refit import service as refit_service
 from tests.raw_accounting import RawAccounting

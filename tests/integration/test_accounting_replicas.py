@@ -14,8 +14,8 @@ import pytest
 
 from shared.core.partitions import partition_of
 from shared.messages import SnapshotReply, SnapshotRequest
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.nats_server import NatsServer
 from svc_accounting import service as accounting_service
 from svc_accounting.leases import Leases
 from tests.builders import container, gpu, node, pod

@@ -24,10 +24,10 @@ from nats.js.api import KeyValueConfig
 
 from shared.accounting_client import AccountingClient
 from shared.core import keys
-from shared.kube_emulator import KubeEmulator
-from shared.nats_server import NatsCluster
 from shared.service import natsconn
 from shared.service.wiring import InProcess
+from shared.testing.kube_emulator import KubeEmulator
+from shared.testing.nats_server import NatsCluster
 from svc_accounting import service as accounting_service
 from svc_refit import service as refit_service
 from svc_scheduler.read_model import ReadModel

@@ -13,7 +13,7 @@ import pytest
 
 from shared import subjects
 from shared.core import keys
-from shared.kube_emulator import KubeEmulator
+from shared.testing.kube_emulator import KubeEmulator
 from tests.builders import container, gpu, node, pod, refit_request
 from tests.integration.harness import Harness, harness, wait_for
 from tests.metrics import refit_counter, reserved
@@ -361,7 +361,7 @@ async def test_register_writes_the_hami_annotation(nats_url: str, tmp_path: Path
 
 
 async def test_services_survive_a_nats_restart(tmp_path: Path) -> None:
-    from shared.nats_server import NatsServer
+    from shared.testing.nats_server import NatsServer
 
     server = NatsServer()
     url = server.start()

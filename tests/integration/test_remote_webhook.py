@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shared.kube_emulator.remote_webhook import remote_webhook
 from shared.service import kube_io
+from shared.testing.kube_emulator.remote_webhook import remote_webhook
 from svc_scheduler.service import SchedulerService
 from svc_scheduler.settings import SchedulerOptions
 from tests.builders import container, pod

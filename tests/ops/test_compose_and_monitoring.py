@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from shared import cli
-from shared.simulate.report import public, simulate
-from shared.simulate.scenario import load_scenario
+from shared.tools import cli
+from shared.tools.simulate.report import public, simulate
+from shared.tools.simulate.scenario import load_scenario
 
 if TYPE_CHECKING:
     import argparse
@@ -29,9 +29,9 @@ PROMETHEUS = ROOT / "deploy" / "compose" / "prometheus.yml"
 
 
 def parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
-    from shared.kube_emulator.cli import build_parser as kube_emulator
-    from shared.kubelet_emulator.cli import build_parser as kubelet_emulator
-    from shared.simulate.sim_node import build_parser as sim_node
+    from shared.testing.kube_emulator.cli import build_parser as kube_emulator
+    from shared.testing.kubelet_emulator.cli import build_parser as kubelet_emulator
+    from shared.tools.simulate.sim_node import build_parser as sim_node
     from svc_accounting.__main__ import build_parser as accounting
     from svc_deviceplugin.__main__ import build_parser as deviceplugin
     from svc_refit.__main__ import build_parser as refit

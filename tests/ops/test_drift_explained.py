@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.simulate.report import public, simulate
-from shared.simulate.scenario import load_scenario
+from shared.tools.simulate.report import public, simulate
+from shared.tools.simulate.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "helm" / "numafit" / "files" / "alerts.yaml"

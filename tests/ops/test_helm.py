@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared.cli import RUN_TARGETS
+from shared.tools.cli import RUN_TARGETS
 
 if TYPE_CHECKING:
     import argparse

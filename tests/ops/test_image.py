@@ -15,7 +15,7 @@ import docker
 import docker.errors
 import pytest
 
-from shared.nats_server import environment_has_docker
+from shared.testing.nats_server import environment_has_docker
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

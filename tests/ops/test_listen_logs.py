@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from shared.kube_emulator import KubeEmulator
 from shared.service.health import Readiness
+from shared.testing.kube_emulator import KubeEmulator
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import SchedulerHttp
 from svc_scheduler.webhook import PodWebhook
@@ -65,7 +65,7 @@ async def test_the_extender_logs_the_address_it_listens_on(
 async def test_the_emulator_command_names_the_advertised_url_when_ready(tmp_path: Path) -> None:
     advertised = "http://kube-emulator:8080"
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "shared.kube_emulator", "--host", "0.0.0.0", "--port", "0"),
+        *(sys.executable, "-m", "shared.testing.kube_emulator", "--host", "0.0.0.0", "--port", "0"),
         *("--kubeconfig-out", str(tmp_path / "kubeconfig"), "--advertise-url", advertised),
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -21,8 +21,8 @@ from nats.js.api import KeyValueConfig, StorageType
 
 from shared import subjects
 from shared.core.partitions import SLOTS, slot_of
-from shared.nats_server import NatsCluster, find_binary
 from shared.service import natsconn
+from shared.testing.nats_server import NatsCluster, find_binary
 from svc_accounting.leases import Leases
 from tests.jetstream import create_bucket, put_within
 

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from shared.service import natsconn
-from shared.simulate.sim_node import build_parser, run, workload
+from shared.tools.simulate.sim_node import build_parser, run, workload
 from svc_deviceplugin.config import PluginConfig
 from svc_deviceplugin.discovery import SimulatedBackend
 from svc_deviceplugin.service import DevicePluginService

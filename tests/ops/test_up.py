@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from shared import cli
 from shared.core.config import CoreConfig
-from shared.kube_emulator import KubeEmulator
-from shared.local.command import options_from_args
-from shared.local.events import EventSink
-from shared.local.scheduling_loop import backoff, managed, unschedulable_message
-from shared.local.stack import LocalStack, UpOptions
-from shared.local.topology import NodeShape, gpus_of, scenario_from_shape
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
+from shared.testing.kube_emulator import KubeEmulator
+from shared.tools import cli
+from shared.tools.local.command import options_from_args
+from shared.tools.local.events import EventSink
+from shared.tools.local.scheduling_loop import backoff, managed, unschedulable_message
+from shared.tools.local.stack import LocalStack, UpOptions
+from shared.tools.local.topology import NodeShape, gpus_of, scenario_from_shape
 from tests.integration.harness import wait_for
 
 if TYPE_CHECKING:
@@ -458,7 +458,7 @@ def test_kubectl_apply_then_describe_shows_the_refit(
 
 
 async def test_a_scenarios_pods_are_created_once_the_stack_is_up(tmp_path: Path) -> None:
-    from shared.simulate.scenario import load_scenario
+    from shared.tools.simulate.scenario import load_scenario
 
     scenario = load_scenario(ROOT / "examples" / "single-numa-node-mismatch.yaml")
     options = UpOptions(

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from shared.realk8s import pki
-from shared.realk8s.procs import Child, Processes
+from shared.testing.realk8s import pki
+from shared.testing.realk8s.procs import Child, Processes
 from tests.real.waiting import NotReached, poll
 
 if TYPE_CHECKING:

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.core import partitions
-from shared.nats_server import NatsServer
+from shared.testing.nats_server import NatsServer
 from tests.real import chart
 from tests.real.controlplane import ControlPlaneError, free_port
 from tests.real.waiting import NotReached, poll
 
 if TYPE_CHECKING:
-    from shared.realk8s.procs import Child
+    from shared.testing.realk8s.procs import Child
     from tests.real.controlplane import ControlPlane
 
 NUMAFIT = str(Path(sys.executable).with_name("numafit"))

@@ -12,8 +12,8 @@ from shared.core.nodes import NodePolicy, place_pod
 from shared.core.numa_prediction import NumaPlan
 from shared.core.policy import parse_policy
 from shared.core.requests import ContainerRequest
-from shared.simulate.report import public, simulate
-from shared.simulate.scenario import parse_scenario
+from shared.tools.simulate.report import public, simulate
+from shared.tools.simulate.scenario import parse_scenario
 
 
 def device(uuid: str, numa: int, used_mem: int = 0) -> DeviceUsage:

@@ -24,11 +24,11 @@ from shared.core.numa_prediction import (
     Verdict,
 )
 from shared.core.pods import pod_from_object
-from shared.kube_emulator import KubeEmulator
 from shared.service.kube import api_client
 from shared.service.kube_io import Kube
 from shared.service.kube_topology import TopologyApi
 from shared.service.supervisor import Supervisor
+from shared.testing.kube_emulator import KubeEmulator
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.topology import NodePrediction, TopologyState
 from svc_scheduler.topology_watch import TopologyWatch

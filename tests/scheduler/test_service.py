@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from shared.cli import main as numafit_main
-from shared.kube_emulator import KubeEmulator
 from shared.service.health import Readiness
+from shared.testing.kube_emulator import KubeEmulator
+from shared.tools.cli import main as numafit_main
 from svc_scheduler.__main__ import main
 from svc_scheduler.metrics import SchedulerMetrics
 from svc_scheduler.server import SchedulerHttp, tls_context

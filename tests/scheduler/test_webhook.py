@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from shared.core import keys
-from shared.kube_emulator.scheduler_webhook import (
+from shared.testing.kube_emulator.scheduler_webhook import (
     EXCLUDED_NAMESPACES,
     WEBHOOK_NAME,
     emulator_admission_hook,
@@ -180,7 +180,7 @@ async def test_emulator_hook_admits_and_refuses_pods_created_through_the_api(
 
 
 async def test_hook_without_quota_source_still_refuses_invalid_values() -> None:
-    from shared.kube_emulator import AdmissionDenied, AdmissionRequest
+    from shared.testing.kube_emulator import AdmissionDenied, AdmissionRequest
 
     hook = emulator_admission_hook(PodWebhook())
     pod = pending_pod("w", annotations={keys.SCORING_WEIGHTS: "slot=1,slot=1,memory=1"})
@@ -193,7 +193,7 @@ async def test_hook_without_quota_source_still_refuses_invalid_values() -> None:
 async def test_the_hook_leaves_the_charts_excluded_namespaces_alone() -> None:
     """As the chart's namespaceSelector does on a cluster: a pod in kube-system is never sent
     to the webhook, so an invalid value there is not refused and nothing is patched."""
-    from shared.kube_emulator import AdmissionDenied, AdmissionRequest
+    from shared.testing.kube_emulator import AdmissionDenied, AdmissionRequest
 
     hook = emulator_admission_hook(PodWebhook())
     bad = pending_pod("w", annotations={keys.SCORING_WEIGHTS: "slot=1,slot=1,memory=1"})

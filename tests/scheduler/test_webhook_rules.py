@@ -14,7 +14,7 @@ from shared.core.model import ContainerKind, Usage
 from shared.core.quota import QuotaLimit
 from shared.core.requests import ContainerRequest
 from shared.core.webhook_rules import pod_quota_need, review_pod_creation
-from shared.kube_emulator.patching import json_patch
+from shared.testing.kube_emulator.patching import json_patch
 from tests.builders import container
 
 A, I, S = ContainerKind.APP, ContainerKind.INIT, ContainerKind.SIDECAR  # noqa: E741

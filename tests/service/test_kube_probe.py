@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from shared.kube_emulator import KubeEmulator
 from shared.service.health import Readiness
 from shared.service.kube import api_client
 from shared.service.runner import KUBE_API, probe_kube
+from shared.testing.kube_emulator import KubeEmulator
 from tests.integration.harness import wait_for
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.nats_server import NatsServer
 from tests.integration.processes import free_port
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ import nats
 import pytest
 from nats.micro import add_service
 
-from shared.nats_server import NatsServer
 from shared.service import natsconn
+from shared.testing.nats_server import NatsServer
 from tests.integration.processes import free_port
 
 if TYPE_CHECKING:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 import pytest
 
-from shared.nats_server import NatsServer
 from shared.service.health import Readiness
 from shared.service.runner import ServiceFailed, serve
 from shared.service.settings import CommonSettings
 from shared.service.supervisor import Supervisor
+from shared.testing.nats_server import NatsServer
 from tests.integration.processes import free_port
 from tests.service.test_heap import frozen
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scripts import settings_reference
-from shared import cli
+from shared.tools import cli
 
 if TYPE_CHECKING:
     from pathlib import Path

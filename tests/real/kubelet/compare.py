@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from shared.simulate.report import simulate
-from shared.simulate.scenario import parse_scenario
+from shared.tools.simulate.report import simulate
+from shared.tools.simulate.scenario import parse_scenario
 from tests.real.kubelet import sysfs
 from tests.real.kubelet.cases import NODE
 from tests.real.kubelet.deviceplugin import GPU_NUMA, GPUS
@@ -28,7 +28,7 @@ from tests.real.kubelet.kubelet import RESERVED_CPUS
 from tests.real.kubelet.observe import REFITS
 
 if TYPE_CHECKING:
-    from shared.simulate.cluster import SimCluster
+    from shared.tools.simulate.cluster import SimCluster
     from tests.real.kubelet.cases import Case
     from tests.real.kubelet.observe import PodSeen
 

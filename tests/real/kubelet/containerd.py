@@ -26,7 +26,7 @@ from tests.real.waiting import poll
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from shared.realk8s.procs import Child, Processes
+    from shared.testing.realk8s.procs import Child, Processes
 
 NAMESPACE = "k8s.io"
 """containerd namespace of the CRI plugin: images kubelet can run must be imported there."""

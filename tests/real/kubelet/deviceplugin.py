@@ -26,7 +26,7 @@ from tests.real.kubelet import host
 from tests.real.waiting import poll
 
 if TYPE_CHECKING:
-    from shared.realk8s.procs import Child, Processes
+    from shared.testing.realk8s.procs import Child, Processes
 
 NUMAFIT_BIN = Path(sys.executable).parent
 START_WITHIN = 60.0

@@ -29,7 +29,7 @@ from tests.real.waiting import poll
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from shared.realk8s.procs import Child, Processes
+    from shared.testing.realk8s.procs import Child, Processes
 
 SINGLE_NUMA_NODE = "single-numa-node"
 BEST_EFFORT = "best-effort"

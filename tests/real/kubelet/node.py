@@ -14,8 +14,8 @@ import contextlib
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from shared.realk8s.procs import Processes
 from shared.service import natsconn
+from shared.testing.realk8s.procs import Processes
 from tests.raw_accounting import RawAccounting
 from tests.real.kubelet import host, observe
 from tests.real.kubelet.api import Api, ApiError

@@ -1,5 +1,0 @@
-"""`python -m shared.kube_emulator --help`."""
-
-from .cli import main
-
-raise SystemExit(main(prog="python -m shared.kube_emulator"))

@@ -58,7 +58,7 @@ class DevicePluginSettings:
     xid_file: str | None = setting(
         None,
         "with --topology: inject GPU health events; every line appended to this file, "
-        "'<uuid> <xid>' ('*' for every GPU), is one XID event",
+        "`<uuid> <xid>` ('*' for every GPU), is one XID event",
         parse=optional_text,
         metavar="PATH",
     )

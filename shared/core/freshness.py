@@ -9,7 +9,7 @@ message on a subject.
 
 **Epochs.** A node's revisions count within an epoch: one accounting run, or (partitioned) one
 ownership of the node's partition, named by the lease that grants it (svc_accounting/leases.py,
-docs/ARCHITECTURE.md "Partitions and leases"). Revisions of two epochs do not compare: a
+docs/operate/scaling-accounting.md). Revisions of two epochs do not compare: a
 takeover rebuilds the ledger from the pods' annotations, and the holds of the previous owner
 are gone. Every new epoch is *per node*: the new owner publishes every node of the partition
 under it before it serves anything, and a decision computed on a view of another epoch is

@@ -275,10 +275,19 @@ def reserved_gpus(
     return devices
 
 
+CREATED_NAMESPACES: list[tuple[ControlPlane, str]] = []
+"""The namespaces tests created and have not deleted yet (tests/real/conftest.py deletes each
+test's after it): a pod left pending is retried by kube-scheduler for the rest of the session,
+and every pod it pops can park another's failed bind (its failure handler compares the move
+request with the *current* scheduling cycle: docs/design/node-lock.md)."""
+
+
 def new_namespace(plane: ControlPlane, prefix: str) -> str:
-    """A fresh namespace whose default ServiceAccount exists (pods can be created)."""
+    """A fresh namespace whose default ServiceAccount exists (pods can be created), deleted
+    after the test that made it."""
     name = unique(prefix)
     plane.kubectl("create", "namespace", name)
+    CREATED_NAMESPACES.append((plane, name))
     poll(
         lambda: plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
         within=30,

@@ -13,11 +13,22 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.real import cluster
 from tests.real.controlplane import Assets, ControlPlane
 from tests.real.stack import NumafitStack
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+
+@pytest.fixture(autouse=True)
+def _namespaces_deleted() -> Iterator[None]:
+    """Every namespace a test created is deleted after it, pass or fail (its pods with it), so
+    that no test's pending pods keep kube-scheduler busy in the next one."""
+    yield
+    while cluster.CREATED_NAMESPACES:
+        plane, name = cluster.CREATED_NAMESPACES.pop()
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")

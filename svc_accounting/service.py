@@ -598,7 +598,8 @@ class AccountingService:
     # --- requests ---------------------------------------------------------------------------
 
     async def _deliver(self, msg: Msg) -> None:
-        await self.supervisor.request(self.requests.serve(msg), name="accounting-request")
+        answer = self.requests.admit(msg)  # judged now, while its partition may still be served
+        await self.supervisor.request(answer(), name="accounting-request")
 
     def _record_drift(self, node: str, pod: PodInfo, message: str) -> None:
         self.metrics.drift.labels(node).inc()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 
@@ -19,7 +19,7 @@ from svc_accounting.ownership import Admission
 from svc_accounting.replies import ReadTooLate, Unanswerable, bounded
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Awaitable, Callable, Coroutine, Iterable
 
     from nats.aio.client import Client
     from nats.aio.msg import Msg
@@ -54,16 +54,33 @@ class RequestServer:
         self._late_dropped = 0
         self._late_warned_at = -LATE_WARN_EVERY
 
-    async def serve(self, msg: Msg) -> None:
+    def admit(self, msg: Msg) -> Callable[[], Coroutine[Any, Any, None]]:
+        """`msg` judged as it is delivered (not when its task runs, which on a busy loop can be
+        after a handover that this delivery preceded: the drain of a partition's subscriptions
+        hands every delivered request here while the partition is still served); the work of
+        answering it, to be run as a request task."""
         received = time.monotonic()  # the request's relative deadline counts from here
         addressed = subjects.parse_accounting(msg.subject)
-        if addressed is None or not addressed.slot_matches():
+        admission = (
+            None
+            if addressed is None or not addressed.slot_matches()
+            else self.ownership.admit(addressed.slot)
+        )
+        return lambda: self.serve(msg, received, addressed, admission)
+
+    async def serve(
+        self,
+        msg: Msg,
+        received: float,
+        addressed: subjects.AccountingSubject | None,
+        admission: Admission | None,
+    ) -> None:
+        if addressed is None or admission is None:
             # Built by hand (the slot is not the node's): it reached the owner of another
             # node, the one replica subscribed to that slot, which says so.
             await self._answer_invalid(msg, addressed)
             return
         op, token = addressed.op, addressed.token
-        admission = self.ownership.admit(addressed.slot)
         if admission is Admission.DROP:
             return  # the lease ran out: another replica may own the partition and answer
         if admission is Admission.REFUSE:
